@@ -1,0 +1,1 @@
+"""Framework glue: LangGraph, CrewAI and OpenAI Agents SDK adapters (one module each)."""

@@ -1,0 +1,289 @@
+"""What the backends share: the query type, the portable SQL and the migration runner.
+
+The savers' logic is written once, free of I/O, as generators ("operations") that yield
+:class:`Query` objects and receive their rows back. Each backend supplies a tiny driver
+that executes the queries on its connection, inside one transaction per operation, in
+sync or async style. So no logic and no SQL text is copied between sync and async code.
+
+SQL here uses ``?`` placeholders and only syntax that SQLite (>= 3.35) and PostgreSQL
+(>= 12) both accept; a backend may translate placeholders (PostgreSQL wants ``%s``).
+Statements are composed from fixed fragments only: user data always travels as
+parameters, never as SQL text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from agentcheck._errors import SchemaVersionError
+
+__all__ = [
+    "SQL",
+    "Operation",
+    "Query",
+    "Rows",
+    "adrive",
+    "drive",
+    "in_list",
+    "migrate",
+]
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One statement to execute.
+
+    Attributes:
+        sql: statement text with ``?`` placeholders.
+        params: parameters, or a sequence of parameter rows when ``many`` is set.
+        many: execute once per parameter row (executemany).
+        fetch: return the result rows.
+    """
+
+    sql: str
+    params: Sequence[Any] = field(default_factory=tuple)
+    many: bool = False
+    fetch: bool = False
+
+
+# An operation yields queries and is sent back each query's rows (empty when not fetched).
+Operation = Generator[Query, Rows, T]
+
+
+def drive(op: Operation[T], execute: Callable[[Query], Rows]) -> T:
+    """Run an operation to completion with a synchronous ``execute``."""
+    try:
+        query = next(op)
+        while True:
+            query = op.send(execute(query))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def adrive(op: Operation[T], execute: Callable[[Query], Awaitable[Rows]]) -> T:
+    """Run an operation to completion with an asynchronous ``execute``."""
+    try:
+        query = next(op)
+        while True:
+            query = op.send(await execute(query))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def in_list(n: int) -> str:
+    """``?, ?, ?`` with ``n`` placeholders (``n`` >= 1)."""
+    return ", ".join("?" * n)
+
+
+class SQL:
+    """Statements shared by every backend. Table names are fixed, never user input."""
+
+    SCHEMA_TABLE = (
+        "CREATE TABLE IF NOT EXISTS agentcheck_schema ("
+        "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+    )
+    SCHEMA_VERSION = "SELECT MAX(version) FROM agentcheck_schema"
+    RECORD_VERSION = "INSERT INTO agentcheck_schema (version, applied_at) VALUES (?, ?)"
+    # Taken before reading the schema version, so two processes that call setup() at
+    # once apply each migration once. SQLite needs nothing: BEGIN IMMEDIATE already
+    # serializes writers.
+    MIGRATION_LOCK: str | None = None
+
+    UPSERT_CHECKPOINT = (
+        "INSERT INTO agentcheck_checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
+        "parent_checkpoint_id, run_id, type, checkpoint, metadata_type, metadata) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
+        "parent_checkpoint_id = excluded.parent_checkpoint_id, run_id = excluded.run_id, "
+        "type = excluded.type, checkpoint = excluded.checkpoint, "
+        "metadata_type = excluded.metadata_type, metadata = excluded.metadata"
+    )
+    INSERT_BLOB = (
+        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+    )
+    DELETE_TERMS_OF = (
+        "DELETE FROM agentcheck_metadata_terms "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+    )
+    INSERT_TERM = (
+        "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
+        "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+    )
+    _WRITE_INSERT = (
+        "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+        "idx, channel, type, blob, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    )
+    UPSERT_WRITE = _WRITE_INSERT + (
+        "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET "
+        "channel = excluded.channel, type = excluded.type, blob = excluded.blob, "
+        "task_path = excluded.task_path"
+    )
+    INSERT_WRITE_IF_ABSENT = _WRITE_INSERT + "ON CONFLICT DO NOTHING"
+
+    SELECT_CHECKPOINT = (
+        "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, "
+        "checkpoint, metadata_type, metadata FROM agentcheck_checkpoints "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+    )
+    SELECT_LATEST_CHECKPOINT = (
+        "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, "
+        "checkpoint, metadata_type, metadata FROM agentcheck_checkpoints "
+        "WHERE thread_id = ? AND checkpoint_ns = ? ORDER BY checkpoint_id DESC LIMIT 1"
+    )
+    # List queries are assembled from these fragments by the saver core.
+    LIST_SELECT = (
+        "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type, "
+        "c.checkpoint, c.metadata_type, c.metadata FROM agentcheck_checkpoints c"
+    )
+    LIST_TERM = (
+        "EXISTS (SELECT 1 FROM agentcheck_metadata_terms t WHERE t.term = ? "
+        "AND t.thread_id = c.thread_id AND t.checkpoint_ns = c.checkpoint_ns "
+        "AND t.checkpoint_id = c.checkpoint_id)"
+    )
+    LIST_ORDER = " ORDER BY c.checkpoint_id DESC"
+
+    SELECT_BLOBS_PREFIX = (
+        "SELECT channel, version, type, blob FROM agentcheck_blobs "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND (channel, version) IN "
+    )
+    SELECT_WRITES_PREFIX = (
+        "SELECT checkpoint_id, task_id, channel, type, blob, task_path, idx "
+        "FROM agentcheck_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id IN "
+    )
+    SELECT_WRITES_FOR_CHANNELS = (
+        "SELECT checkpoint_id, task_id, channel, type, blob, task_path, idx "
+        "FROM agentcheck_writes WHERE thread_id = ? AND checkpoint_ns = ? "
+        "AND checkpoint_id IN ({ids}) AND channel IN ({channels})"
+    )
+    # The ancestors of a checkpoint, nearest first, in one recursive query.
+    SELECT_CHAIN = (
+        "WITH RECURSIVE chain(checkpoint_id, parent_checkpoint_id, depth) AS ("
+        "SELECT checkpoint_id, parent_checkpoint_id, 0 FROM agentcheck_checkpoints "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
+        "UNION ALL SELECT c.checkpoint_id, c.parent_checkpoint_id, chain.depth + 1 "
+        "FROM agentcheck_checkpoints c JOIN chain "
+        "ON c.checkpoint_id = chain.parent_checkpoint_id "
+        "WHERE c.thread_id = ? AND c.checkpoint_ns = ?) "
+        "SELECT chain.checkpoint_id, chain.parent_checkpoint_id, c.type, c.checkpoint "
+        "FROM chain JOIN agentcheck_checkpoints c ON c.thread_id = ? AND c.checkpoint_ns = ? "
+        "AND c.checkpoint_id = chain.checkpoint_id ORDER BY chain.depth"
+    )
+
+    DELETE_THREAD = (
+        "DELETE FROM agentcheck_writes WHERE thread_id = ?",
+        "DELETE FROM agentcheck_blobs WHERE thread_id = ?",
+        "DELETE FROM agentcheck_metadata_terms WHERE thread_id = ?",
+        "DELETE FROM agentcheck_checkpoints WHERE thread_id = ?",
+    )
+    DELETE_CHECKPOINT = (
+        "DELETE FROM agentcheck_writes "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+        "DELETE FROM agentcheck_metadata_terms "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+        "DELETE FROM agentcheck_checkpoints "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+    )
+    DELETE_BLOB = (
+        "DELETE FROM agentcheck_blobs "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? AND version = ?"
+    )
+    SELECT_RUN_CHECKPOINTS = (
+        "SELECT thread_id, checkpoint_ns, checkpoint_id FROM agentcheck_checkpoints "
+        "WHERE run_id IN ({runs})"
+    )
+    SELECT_NS_CHECKPOINTS = (
+        "SELECT checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata_type, "
+        "metadata FROM agentcheck_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? "
+        "ORDER BY checkpoint_id DESC"
+    )
+    SELECT_THREAD_NAMESPACES = (
+        "SELECT DISTINCT checkpoint_ns FROM agentcheck_checkpoints WHERE thread_id = ?"
+    )
+    SELECT_BLOB_KEYS = (
+        "SELECT channel, version, type FROM agentcheck_blobs "
+        "WHERE thread_id = ? AND checkpoint_ns = ?"
+    )
+    COPY_THREAD = (
+        "INSERT INTO agentcheck_checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
+        "parent_checkpoint_id, run_id, type, checkpoint, metadata_type, metadata) "
+        "SELECT ?, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, "
+        "checkpoint, metadata_type, metadata FROM agentcheck_checkpoints WHERE thread_id = ? "
+        "ON CONFLICT DO NOTHING",
+        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
+        "SELECT ?, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
+        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+        "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+        "idx, channel, type, blob, task_path) SELECT ?, checkpoint_ns, checkpoint_id, "
+        "task_id, idx, channel, type, blob, task_path FROM agentcheck_writes "
+        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+        "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
+        "SELECT ?, checkpoint_ns, checkpoint_id, term FROM agentcheck_metadata_terms "
+        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+    )
+
+
+# Migration 1, written once for both databases; ``{blob}`` is the binary column type.
+_V1 = (
+    "CREATE TABLE IF NOT EXISTS agentcheck_checkpoints ("
+    " thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT '',"
+    " checkpoint_id TEXT NOT NULL, parent_checkpoint_id TEXT, run_id TEXT,"
+    " type TEXT NOT NULL, checkpoint {blob} NOT NULL,"
+    " metadata_type TEXT NOT NULL, metadata {blob} NOT NULL,"
+    " PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id))",
+    "CREATE INDEX IF NOT EXISTS agentcheck_checkpoints_run_idx ON agentcheck_checkpoints (run_id)",
+    "CREATE TABLE IF NOT EXISTS agentcheck_blobs ("
+    " thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT '',"
+    " channel TEXT NOT NULL, version TEXT NOT NULL, type TEXT NOT NULL, blob {blob},"
+    " PRIMARY KEY (thread_id, checkpoint_ns, channel, version))",
+    "CREATE TABLE IF NOT EXISTS agentcheck_writes ("
+    " thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT '',"
+    " checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL, idx INTEGER NOT NULL,"
+    " channel TEXT NOT NULL, type TEXT NOT NULL, blob {blob},"
+    " task_path TEXT NOT NULL DEFAULT '',"
+    " PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx))",
+    # One row per metadata (key path, value) pair: filters become index look-ups, on
+    # both databases, and work unchanged when the metadata itself is encrypted.
+    "CREATE TABLE IF NOT EXISTS agentcheck_metadata_terms ("
+    " thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT '',"
+    " checkpoint_id TEXT NOT NULL, term TEXT NOT NULL,"
+    " PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, term))",
+    "CREATE INDEX IF NOT EXISTS agentcheck_metadata_terms_term_idx"
+    " ON agentcheck_metadata_terms (term, checkpoint_id)",
+)
+
+
+def portable_migrations(blob_type: str) -> tuple[tuple[str, ...], ...]:
+    """The migrations shared by both databases, for a given binary column type."""
+    return (tuple(stmt.format(blob=blob_type) for stmt in _V1),)
+
+
+def migrate(sql: type[SQL] | SQL, migrations: Sequence[Sequence[str]]) -> Operation[int]:
+    """Bring the schema up to date; returns the version now in force.
+
+    Migration ``i`` (1-based) is ``migrations[i - 1]``; each one applied is recorded in
+    ``agentcheck_schema`` in the same transaction, so it is applied exactly once.
+    """
+    if sql.MIGRATION_LOCK:
+        yield Query(sql.MIGRATION_LOCK)
+    yield Query(sql.SCHEMA_TABLE)
+    rows = yield Query(sql.SCHEMA_VERSION, fetch=True)
+    current = int(rows[0][0] or 0) if rows else 0
+    latest = len(migrations)
+    if current > latest:
+        raise SchemaVersionError(
+            f"the database schema is at version {current}, but this agentcheck only knows "
+            f"versions up to {latest}: upgrade agentcheck (pip install -U agentcheck) "
+            "before using this database"
+        )
+    for version in range(current + 1, latest + 1):
+        for statement in migrations[version - 1]:
+            yield Query(statement)
+        yield Query(sql.RECORD_VERSION, (version, datetime.now(timezone.utc).isoformat()))
+    return latest

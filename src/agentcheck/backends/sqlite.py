@@ -1,0 +1,96 @@
+"""SQLite: connection set-up, migrations and the driver that runs operations.
+
+One function, :func:`run`, executes a whole operation inside one transaction on a
+``sqlite3`` connection. The sync saver calls it under a lock; the async saver calls it
+on aiosqlite's worker thread, so an operation costs one thread hop, not one per statement.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import TypeVar
+
+from agentcheck.backends.base import SQL, Operation, Query, Rows, drive, portable_migrations
+
+__all__ = ["MIGRATIONS", "PRAGMAS", "SqliteSQL", "configure", "connect", "run", "sqlite_path"]
+
+T = TypeVar("T")
+
+
+class SqliteSQL(SQL):
+    """SQLite needs nothing beyond the portable statements."""
+
+
+MIGRATIONS = portable_migrations("BLOB")
+
+# Set in one place, on every connection agentcheck opens:
+# - WAL lets readers run while one writer commits, across processes;
+# - synchronous=FULL makes a committed checkpoint survive power loss, not only a crash
+#   of the process (agentcheck is about surviving crashes; it costs one more fsync);
+# - busy_timeout makes a second process wait for the write lock instead of failing.
+PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    "PRAGMA busy_timeout=30000",
+)
+
+
+def sqlite_path(conn_string: str) -> tuple[str, bool]:
+    """``(database, uri)`` for sqlite3.connect from a path, ``file:`` URI or ``sqlite:///`` URL."""
+    if conn_string.startswith("sqlite:///"):
+        return conn_string[len("sqlite:///") :] or ":memory:", False
+    if conn_string.startswith("sqlite://"):
+        return ":memory:", False
+    return conn_string, conn_string.startswith("file:")
+
+
+def configure(conn: sqlite3.Connection) -> None:
+    """Apply :data:`PRAGMAS` to a connection agentcheck owns."""
+    for pragma in PRAGMAS:
+        conn.execute(pragma)
+
+
+def connect(conn_string: str) -> sqlite3.Connection:
+    """Open and configure a connection for a sync saver (autocommit mode: agentcheck
+    opens its own transactions)."""
+    database, uri = sqlite_path(conn_string)
+    conn = sqlite3.connect(database, uri=uri, check_same_thread=False, isolation_level=None)
+    configure(conn)
+    return conn
+
+
+def _execute(conn: sqlite3.Connection, query: Query) -> Rows:
+    if query.many:
+        conn.executemany(query.sql, query.params)
+        return []
+    cursor = conn.execute(query.sql, tuple(query.params))
+    return cursor.fetchall() if query.fetch else []
+
+
+def run(conn: sqlite3.Connection, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    """Run one operation in one transaction.
+
+    Writers take the write lock up front (``BEGIN IMMEDIATE``) so that two processes
+    never deadlock upgrading read locks. Inside a transaction the caller already opened,
+    a savepoint is used and the caller's commit decides.
+    """
+    nested = conn.in_transaction
+    conn.execute("SAVEPOINT agentcheck" if nested else ("BEGIN IMMEDIATE" if write else "BEGIN"))
+    try:
+        result = drive(make_op(), lambda q: _execute(conn, q))
+    except BaseException:
+        if nested:
+            conn.execute("ROLLBACK TO agentcheck")
+            conn.execute("RELEASE agentcheck")
+        else:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("RELEASE agentcheck" if nested else "COMMIT")
+    return result
+
+
+def execute_script(conn: sqlite3.Connection, statements: tuple[str, ...]) -> None:
+    """Run statements outside any operation (used for pragmas on async connections)."""
+    for statement in statements:
+        conn.execute(statement)

@@ -1,0 +1,528 @@
+"""The savers' logic, free of I/O, shared by all four savers.
+
+Each public checkpoint operation is written once here as an *operation*: a generator
+that yields :class:`~agentcheck.backends.base.Query` objects and receives rows back
+(see :mod:`agentcheck.backends.base`). The sync and async savers only drive them.
+
+Storage layout (see docs/savers.md):
+
+* ``agentcheck_checkpoints``: one row per checkpoint, holding the checkpoint *without*
+  its channel values, and its metadata;
+* ``agentcheck_blobs``: one row per (channel, version): a value is stored once however
+  many checkpoints carry it;
+* ``agentcheck_writes``: pending writes;
+* ``agentcheck_metadata_terms``: one row per metadata (key path, value) for indexed filters.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+    PendingWrite,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from agentcheck._errors import CorruptDataError
+from agentcheck.backends.base import SQL, Operation, Query, Rows, in_list
+from agentcheck.serde import Codec, SafeSerializer
+
+__all__ = ["SaverCore"]
+
+_EMPTY = "empty"  # a channel with a version but no value (for example a DeltaChannel step)
+_CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _canonical(value: Any) -> str:
+    """JSON text of a metadata value, the same for equal values (1 and 1.0 alike)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def metadata_terms(metadata: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterable[str]:
+    """Index terms of a metadata mapping: one per leaf ``path=value``.
+
+    Nested mappings are walked, so a filter on a partial nested mapping matches the
+    way PostgreSQL's ``@>`` containment does; any other value matches by equality.
+    """
+    for key, value in metadata.items():
+        path = (*prefix, str(key))
+        if isinstance(value, Mapping) and value:
+            yield from metadata_terms(value, path)
+        else:
+            yield json.dumps(path, separators=(",", ":")) + "=" + _canonical(value)
+
+
+class SaverCore(BaseCheckpointSaver[str]):
+    """Non-I/O base class of every agentcheck saver.
+
+    Args:
+        serde: serializer for values; defaults to :class:`~agentcheck.serde.SafeSerializer`
+            (strict msgpack, no pickle).
+        allowed_types: extra types the default serializer may store and revive.
+        encryption_key: encrypt every stored payload (checkpoints, channel values,
+            pending writes, metadata) with AES-256-GCM; needs ``agentcheck[encryption]``.
+            Defaults to the ``AGENTCHECK_ENCRYPTION_KEY`` environment variable.
+        compress_threshold: payloads of at least this many bytes are compressed.
+    """
+
+    sql: type[SQL] = SQL
+
+    def __init__(
+        self,
+        *,
+        serde: SerializerProtocol | None = None,
+        allowed_types: Iterable[tuple[str, ...] | type] | None = None,
+        encryption_key: bytes | str | None = None,
+        compress_threshold: int = 2048,
+    ) -> None:
+        super().__init__(serde=serde or SafeSerializer(allowed_types=allowed_types))
+        self.codec = Codec(encryption_key=encryption_key, compress_threshold=compress_threshold)
+
+    # -- encoding -------------------------------------------------------------------
+
+    def _dump(self, value: Any) -> tuple[str, bytes]:
+        return self.codec.encode(*self.serde.dumps_typed(value))
+
+    def _load(self, type_: str, data: Any, what: str, cfg: tuple[str, str, str]) -> Any:
+        try:
+            return self.serde.loads_typed(self.codec.decode(type_, data))
+        except Exception as exc:
+            thread_id, ns, checkpoint_id = cfg
+            raise CorruptDataError(
+                f"cannot read {what} of checkpoint {checkpoint_id!r} in thread "
+                f"{thread_id!r} (namespace {ns!r}): {exc}"
+            ) from exc
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Next channel version: a zero-padded counter plus a random fraction.
+
+        The fraction keeps versions written on two forks of one thread distinct, since
+        stored values are keyed by (channel, version).
+        """
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(str(current).split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+    # -- put ------------------------------------------------------------------------
+
+    def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Operation[RunnableConfig]:
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = str(conf.get("checkpoint_ns", ""))
+        parent_id = conf.get("checkpoint_id")
+        checkpoint_id = checkpoint["id"]
+
+        values = checkpoint["channel_values"]
+        blob_rows = []
+        for channel, version in new_versions.items():
+            if channel in values:
+                type_, data = self._dump(values[channel])
+            else:
+                type_, data = _EMPTY, b""
+            blob_rows.append((thread_id, ns, channel, str(version), type_, data))
+        rest = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        cp_type, cp_data = self._dump(rest)
+        meta = get_serializable_checkpoint_metadata(config, metadata)
+        meta_type, meta_data = self._dump(meta)
+        run_id = meta.get("run_id")
+        run_term = self.codec.term(str(run_id)) if run_id is not None else None
+        key = (thread_id, ns, checkpoint_id)
+        terms = [(*key, self.codec.term(t)) for t in set(metadata_terms(meta))]
+
+        if blob_rows:
+            yield Query(self.sql.INSERT_BLOB, blob_rows, many=True)
+        yield Query(
+            self.sql.UPSERT_CHECKPOINT,
+            (*key, parent_id, run_term, cp_type, cp_data, meta_type, meta_data),
+        )
+        yield Query(self.sql.DELETE_TERMS_OF, key)
+        if terms:
+            yield Query(self.sql.INSERT_TERM, terms, many=True)
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+
+    def _put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> Operation[None]:
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = str(conf.get("checkpoint_ns", ""))
+        checkpoint_id = conf["checkpoint_id"]
+        rows = []
+        for i, (channel, value) in enumerate(writes):
+            type_, data = self._dump(value)
+            idx = WRITES_IDX_MAP.get(channel, i)
+            rows.append(
+                (thread_id, ns, checkpoint_id, task_id, idx, channel, type_, data, task_path)
+            )
+        if not rows:
+            return None
+        # Special writes (errors, interrupts, resumes) replace an earlier one; ordinary
+        # writes are kept as first written, so a retried task cannot change history.
+        special = all(channel in WRITES_IDX_MAP for channel, _ in writes)
+        statement = self.sql.UPSERT_WRITE if special else self.sql.INSERT_WRITE_IF_ABSENT
+        yield Query(statement, rows, many=True)
+        return None
+
+    # -- reads ----------------------------------------------------------------------
+
+    def _get_tuple(self, config: RunnableConfig) -> Operation[CheckpointTuple | None]:
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = str(conf.get("checkpoint_ns", ""))
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id:
+            rows = yield Query(
+                self.sql.SELECT_CHECKPOINT, (thread_id, ns, checkpoint_id), fetch=True
+            )
+        else:
+            rows = yield Query(self.sql.SELECT_LATEST_CHECKPOINT, (thread_id, ns), fetch=True)
+        if not rows:
+            return None
+        tuples = yield from self._assemble(rows)
+        return tuples[0]
+
+    def _list(
+        self,
+        config: RunnableConfig | None,
+        filter: Mapping[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> Operation[list[CheckpointTuple]]:
+        where: list[str] = []
+        params: list[Any] = []
+        if config is not None:
+            conf = config.get("configurable", {})
+            if conf.get("thread_id") is not None:
+                where.append("c.thread_id = ?")
+                params.append(str(conf["thread_id"]))
+            if conf.get("checkpoint_ns") is not None:
+                where.append("c.checkpoint_ns = ?")
+                params.append(str(conf["checkpoint_ns"]))
+            if checkpoint_id := get_checkpoint_id(config):
+                where.append("c.checkpoint_id = ?")
+                params.append(checkpoint_id)
+        if filter:
+            for term in sorted(set(metadata_terms(filter))):
+                where.append(self.sql.LIST_TERM)
+                params.append(self.codec.term(term))
+        if before is not None and (before_id := get_checkpoint_id(before)):
+            where.append("c.checkpoint_id < ?")
+            params.append(before_id)
+        sql = self.sql.LIST_SELECT
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += self.sql.LIST_ORDER
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        rows = yield Query(sql, params, fetch=True)
+        if not rows:
+            return []
+        return (yield from self._assemble(rows))
+
+    def _assemble(self, rows: Rows) -> Operation[list[CheckpointTuple]]:
+        """Turn checkpoint rows into tuples, fetching their values and pending writes.
+
+        Values are fetched once per (thread, namespace) and decoded once per
+        (channel, version), however many of the rows share them.
+        """
+        decoded: list[tuple[tuple[str, str, str], str | None, dict[str, Any], Any]] = []
+        wanted: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        ids: dict[tuple[str, str], list[str]] = {}
+        for thread_id, ns, checkpoint_id, parent_id, cp_type, cp_data, m_type, m_data in rows:
+            key = (thread_id, ns, checkpoint_id)
+            rest = self._load(cp_type, cp_data, "the checkpoint", key)
+            meta = self._load(m_type, m_data, "the metadata", key)
+            decoded.append((key, parent_id, rest, meta))
+            pairs = wanted.setdefault((thread_id, ns), set())
+            pairs.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
+            ids.setdefault((thread_id, ns), []).append(checkpoint_id)
+
+        values: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
+        for (thread_id, ns), pair_set in wanted.items():
+            found = values.setdefault((thread_id, ns), {})
+            for chunk in _chunks(sorted(pair_set)):
+                blob_rows = yield Query(
+                    self.sql.SELECT_BLOBS_PREFIX
+                    + "(VALUES "
+                    + ", ".join(["(?, ?)"] * len(chunk))
+                    + ")",
+                    (thread_id, ns, *[x for pair in chunk for x in pair]),
+                    fetch=True,
+                )
+                for channel, version, type_, data in blob_rows:
+                    if type_ != _EMPTY:
+                        found[(channel, version)] = (type_, data)
+
+        writes: dict[tuple[str, str, str], list[tuple[tuple[str, str, int], PendingWrite]]] = {}
+        for (thread_id, ns), id_list in ids.items():
+            for chunk in _chunks(id_list):
+                write_rows = yield Query(
+                    self.sql.SELECT_WRITES_PREFIX + "(" + in_list(len(chunk)) + ")",
+                    (thread_id, ns, *chunk),
+                    fetch=True,
+                )
+                for checkpoint_id, task_id, channel, type_, data, task_path, idx in write_rows:
+                    key = (thread_id, ns, checkpoint_id)
+                    value = self._load(type_, data, f"pending write {channel!r}", key)
+                    writes.setdefault(key, []).append(
+                        (writes_sort_key(task_path, task_id, idx), (task_id, channel, value))
+                    )
+
+        cache: dict[tuple[str, str, str, str], Any] = {}
+        result = []
+        for key, parent_id, rest, meta in decoded:
+            thread_id, ns, checkpoint_id = key
+            found = values[(thread_id, ns)]
+            channel_values = {}
+            for channel, version in rest.get("channel_versions", {}).items():
+                pair = (channel, str(version))
+                if pair not in found:
+                    continue
+                ckey = (thread_id, ns, *pair)
+                if ckey not in cache:
+                    type_, data = found[pair]
+                    cache[ckey] = self._load(type_, data, f"channel {channel!r}", key)
+                channel_values[channel] = cache[ckey]
+            checkpoint = cast(Checkpoint, {**rest, "channel_values": channel_values})
+            pending = [w for _, w in sorted(writes.get(key, []), key=lambda item: item[0])]
+            result.append(
+                CheckpointTuple(
+                    config={
+                        "configurable": {
+                            "thread_id": thread_id,
+                            "checkpoint_ns": ns,
+                            "checkpoint_id": checkpoint_id,
+                        }
+                    },
+                    checkpoint=checkpoint,
+                    metadata=cast(CheckpointMetadata, meta),
+                    parent_config=(
+                        {
+                            "configurable": {
+                                "thread_id": thread_id,
+                                "checkpoint_ns": ns,
+                                "checkpoint_id": parent_id,
+                            }
+                        }
+                        if parent_id
+                        else None
+                    ),
+                    pending_writes=pending,
+                )
+            )
+        return result
+
+    def _delta_channel_history(
+        self, config: RunnableConfig, channels: Sequence[str]
+    ) -> Operation[dict[str, DeltaChannelHistory]]:
+        """Writes and seed per channel along the parent chain, in a constant number of
+        queries: one recursive query for the chain, one for the writes, one for seeds."""
+        result: dict[str, DeltaChannelHistory] = {ch: {"writes": []} for ch in channels}
+        if not channels:
+            return result
+        conf = config["configurable"]
+        thread_id = str(conf["thread_id"])
+        ns = str(conf.get("checkpoint_ns", ""))
+        checkpoint_id = get_checkpoint_id(config)
+        if not checkpoint_id:
+            rows = yield Query(self.sql.SELECT_LATEST_CHECKPOINT, (thread_id, ns), fetch=True)
+            if not rows:
+                return result
+            checkpoint_id = rows[0][2]
+        chain = yield Query(
+            self.sql.SELECT_CHAIN,
+            (thread_id, ns, checkpoint_id, thread_id, ns, thread_id, ns),
+            fetch=True,
+        )
+        if len(chain) < 2:
+            return result
+        ancestors = chain[1:]  # the target's own writes are pending for its next step
+        # Which ancestors each channel needs: up to and including its seed.
+        blob_keys: dict[str, list[tuple[int, str]]] = {ch: [] for ch in channels}
+        for depth, (cid, _parent, cp_type, cp_data) in enumerate(ancestors):
+            versions = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid)).get(
+                "channel_versions", {}
+            )
+            for ch in channels:
+                if ch in versions:
+                    blob_keys[ch].append((depth, str(versions[ch])))
+        pairs = sorted({(ch, v) for ch in channels for _, v in blob_keys[ch]})
+        stored: dict[tuple[str, str], tuple[str, Any]] = {}
+        for chunk in _chunks(pairs):
+            blob_rows = yield Query(
+                self.sql.SELECT_BLOBS_PREFIX
+                + "(VALUES "
+                + ", ".join(["(?, ?)"] * len(chunk))
+                + ")",
+                (thread_id, ns, *[x for pair in chunk for x in pair]),
+                fetch=True,
+            )
+            for channel, version, type_, data in blob_rows:
+                if type_ != _EMPTY:
+                    stored[(channel, version)] = (type_, data)
+        seed_depth: dict[str, int] = {}
+        for ch in channels:
+            for depth, version in blob_keys[ch]:
+                if (ch, version) in stored:
+                    seed_depth[ch] = depth
+                    type_, data = stored[(ch, version)]
+                    key = (thread_id, ns, ancestors[depth][0])
+                    result[ch]["seed"] = self._load(type_, data, f"channel {ch!r}", key)
+                    break
+        deepest = max((seed_depth.get(ch, len(ancestors) - 1) for ch in channels), default=0)
+        depth_of = {row[0]: d for d, row in enumerate(ancestors[: deepest + 1])}
+        id_list = list(depth_of)
+        collected: dict[str, list[tuple[int, tuple[str, str, int], PendingWrite]]] = {
+            ch: [] for ch in channels
+        }
+        for chunk in _chunks(id_list):
+            write_rows = yield Query(
+                self.sql.SELECT_WRITES_FOR_CHANNELS.format(
+                    ids=in_list(len(chunk)), channels=in_list(len(channels))
+                ),
+                (thread_id, ns, *chunk, *channels),
+                fetch=True,
+            )
+            for cid, task_id, channel, type_, data, task_path, idx in write_rows:
+                depth = depth_of[cid]
+                if depth > seed_depth.get(channel, len(ancestors)):
+                    continue  # older than the seed: already folded into it
+                value = self._load(type_, data, f"pending write {channel!r}", (thread_id, ns, cid))
+                collected[channel].append(
+                    (depth, writes_sort_key(task_path, task_id, idx), (task_id, channel, value))
+                )
+        for ch in channels:
+            # oldest checkpoint first; within one checkpoint, live execution order
+            ordered = sorted(collected[ch], key=lambda item: (-item[0], item[1]))
+            result[ch]["writes"] = [w for _, _, w in ordered]
+        return result
+
+    # -- deletion and retention -------------------------------------------------------
+
+    def _delete_thread(self, thread_id: str) -> Operation[None]:
+        for statement in self.sql.DELETE_THREAD:
+            yield Query(statement, (str(thread_id),))
+        return None
+
+    def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:
+        terms = [self.codec.term(str(r)) for r in run_ids]
+        doomed: list[tuple[str, str, str]] = []
+        for chunk in _chunks(terms):
+            rows = yield Query(
+                self.sql.SELECT_RUN_CHECKPOINTS.format(runs=in_list(len(chunk))),
+                tuple(chunk),
+                fetch=True,
+            )
+            doomed.extend((r[0], r[1], r[2]) for r in rows)
+        if not doomed:
+            return None
+        for statement in self.sql.DELETE_CHECKPOINT:
+            yield Query(statement, doomed, many=True)
+        for thread_ns in sorted({(t, ns) for t, ns, _ in doomed}):
+            yield from self._collect_garbage(*thread_ns)
+        return None
+
+    def _collect_garbage(self, thread_id: str, ns: str) -> Operation[None]:
+        """Delete stored values no remaining checkpoint of (thread, namespace) refers to."""
+        rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
+        referenced: set[tuple[str, str]] = set()
+        for cid, _parent, cp_type, cp_data, _mt, _md in rows:
+            rest = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid))
+            referenced.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
+        blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
+        unused = [(thread_id, ns, ch, v) for ch, v, _type in blob_rows if (ch, v) not in referenced]
+        if unused:
+            yield Query(self.sql.DELETE_BLOB, unused, many=True)
+        return None
+
+    def _copy_thread(self, source_thread_id: str, target_thread_id: str) -> Operation[None]:
+        for statement in self.sql.COPY_THREAD:
+            yield Query(statement, (str(target_thread_id), str(source_thread_id)))
+        return None
+
+    def _prune(self, thread_ids: Sequence[str], strategy: str) -> Operation[None]:
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                yield from self._delete_thread(thread_id)
+            return None
+        if strategy != "keep_latest":
+            raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
+        for thread_id in map(str, thread_ids):
+            ns_rows = yield Query(self.sql.SELECT_THREAD_NAMESPACES, (thread_id,), fetch=True)
+            for (ns,) in ns_rows:
+                yield from self._keep_latest(thread_id, ns)
+        return None
+
+    def _keep_latest(self, thread_id: str, ns: str) -> Operation[None]:
+        """Keep the newest checkpoint of a namespace, plus, for each DeltaChannel it
+        uses, the ancestors back to the one holding that channel's stored seed (without
+        them the channel would silently rebuild as empty)."""
+        rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
+        if len(rows) <= 1:
+            return None
+        by_id = {r[0]: r for r in rows}
+        latest = rows[0]
+        keep = {latest[0]}
+        meta = self._load(latest[4], latest[5], "the metadata", (thread_id, ns, latest[0]))
+        delta_channels = set((meta or {}).get("counters_since_delta_snapshot") or {})
+        if delta_channels:
+            blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
+            stored = {(ch, v) for ch, v, type_ in blob_rows if type_ != _EMPTY}
+            missing = set(delta_channels)
+            cursor: tuple[Any, ...] | None = latest
+            while cursor is not None and missing:
+                keep.add(cursor[0])
+                rest = self._load(
+                    cursor[2], cursor[3], "the checkpoint", (thread_id, ns, cursor[0])
+                )
+                versions = rest.get("channel_versions", {})
+                missing = {ch for ch in missing if (ch, str(versions.get(ch))) not in stored}
+                cursor = by_id.get(cursor[1]) if cursor[1] else None
+        doomed = [(thread_id, ns, cid) for cid in by_id if cid not in keep]
+        if doomed:
+            for statement in self.sql.DELETE_CHECKPOINT:
+                yield Query(statement, doomed, many=True)
+            yield from self._collect_garbage(thread_id, ns)
+        return None

@@ -1,0 +1,326 @@
+"""Sync and async savers: the public checkpoint API, driving the operations of
+:class:`~agentcheck.savers._core.SaverCore`.
+
+A sync saver implements ``_run``; an async saver implements ``_arun``. Everything else
+(every method of ``BaseCheckpointSaver``, in both styles) is here once. A sync saver's
+async methods run the sync call in a worker thread; an async saver's sync methods submit
+to its event loop from another thread, as the official async savers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+)
+
+from agentcheck.backends.base import Operation, migrate
+from agentcheck.savers._core import SaverCore
+
+__all__ = ["AsyncSaver", "SyncSaver"]
+
+T = TypeVar("T")
+
+
+class SyncSaver(SaverCore):
+    """Base of the sync savers (:class:`SqliteSaver`, :class:`PostgresSaver`)."""
+
+    migrations: tuple[tuple[str, ...], ...] = ()
+    _is_setup = False
+
+    def _run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        raise NotImplementedError
+
+    def _call(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        if not self._is_setup:
+            self.setup()
+        return self._run(make_op, write)
+
+    def setup(self) -> None:
+        """Create or upgrade the tables. Idempotent, safe to call from several processes
+        at once and inside an open transaction. Called automatically on first use."""
+        self._run(lambda: migrate(self.sql, self.migrations), True)
+        self._is_setup = True
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint of ``config`` (the latest of the thread when no id is given)."""
+        return self._call(lambda: self._get_tuple(config), False)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first."""
+        yield from self._call(lambda: self._list(config, filter, before, limit), False)
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint; values are written only for the channels in ``new_versions``."""
+        return self._call(lambda: self._put(config, checkpoint, metadata, new_versions), True)
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes for the checkpoint of ``config``."""
+        self._call(lambda: self._put_writes(config, writes, task_id, task_path), True)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, value and write of a thread."""
+        self._call(lambda: self._delete_thread(thread_id), True)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) created by the given runs."""
+        self._call(lambda: self._delete_for_runs(run_ids), True)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy a thread's whole history (every namespace, value and write) to another id."""
+        self._call(lambda: self._copy_thread(source_thread_id, target_thread_id), True)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Drop old checkpoints: ``keep_latest`` keeps the newest per namespace (and
+        what its DeltaChannels need), ``delete`` removes the threads."""
+        self._call(lambda: self._prune(thread_ids, strategy), True)
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Per-channel writes and seed along the parent chain (for ``DeltaChannel``)."""
+        return self._call(lambda: self._delta_channel_history(config, channels), False)
+
+    # Async methods: the sync call, in a worker thread, so an event loop is not blocked.
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        items = await asyncio.to_thread(
+            lambda: builtins.list(self.list(config, filter=filter, before=before, limit=limit))
+        )
+        for item in items:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(lambda: self.prune(thread_ids, strategy=strategy))
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await asyncio.to_thread(
+            lambda: self.get_delta_channel_history(config=config, channels=channels)
+        )
+
+
+class AsyncSaver(SaverCore):
+    """Base of the async savers (:class:`AsyncSqliteSaver`, :class:`AsyncPostgresSaver`)."""
+
+    migrations: tuple[tuple[str, ...], ...] = ()
+    _is_setup = False
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def _bind_loop(self) -> None:
+        try:
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
+
+    async def _arun(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        raise NotImplementedError
+
+    async def _call(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+        if not self._is_setup:
+            await self.setup()
+        return await self._arun(make_op, write)
+
+    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the saver's loop from another thread."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if self.loop is None or (running is not None and running is self.loop):
+            coro.close()
+            raise asyncio.InvalidStateError(
+                "synchronous calls to an async agentcheck saver are only allowed from "
+                "another thread than its event loop's (for example graph.invoke in a "
+                "worker thread); from async code use the a* methods (graph.ainvoke), or "
+                "use the sync saver"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def setup(self) -> None:
+        """Create or upgrade the tables. Idempotent, safe to call from several processes
+        at once and inside an open transaction. Called automatically on first use."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+        await self._arun(lambda: migrate(self.sql, self.migrations), True)
+        self._is_setup = True
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint of ``config`` (the latest of the thread when no id is given)."""
+        return await self._call(lambda: self._get_tuple(config), False)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first."""
+        for item in await self._call(lambda: self._list(config, filter, before, limit), False):
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint; values are written only for the channels in ``new_versions``."""
+        return await self._call(lambda: self._put(config, checkpoint, metadata, new_versions), True)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes for the checkpoint of ``config``."""
+        await self._call(lambda: self._put_writes(config, writes, task_id, task_path), True)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, value and write of a thread."""
+        await self._call(lambda: self._delete_thread(thread_id), True)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) created by the given runs."""
+        await self._call(lambda: self._delete_for_runs(run_ids), True)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy a thread's whole history (every namespace, value and write) to another id."""
+        await self._call(lambda: self._copy_thread(source_thread_id, target_thread_id), True)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Drop old checkpoints: ``keep_latest`` keeps the newest per namespace (and
+        what its DeltaChannels need), ``delete`` removes the threads."""
+        await self._call(lambda: self._prune(thread_ids, strategy), True)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Per-channel writes and seed along the parent chain (for ``DeltaChannel``)."""
+        return await self._call(lambda: self._delta_channel_history(config, channels), False)
+
+    # Sync methods: submitted to the saver's loop from another thread.
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._sync(self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> builtins.list[CheckpointTuple]:
+            return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
+
+        yield from self._sync(collect())
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return self._sync(self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        self._sync(self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._sync(self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self._sync(self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self._sync(self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self._sync(self.aprune(thread_ids, strategy=strategy))
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return self._sync(self.aget_delta_channel_history(config=config, channels=channels))

@@ -1,0 +1,92 @@
+"""Opening each of the four savers the same way, for the parametrized suites.
+
+``KINDS`` names them; :func:`open_saver` yields a ready saver of a kind on a real SQLite
+file or a real PostgreSQL database. Sync savers are meant to be driven through their
+sync API; :class:`SyncDriven` lets async harnesses (the conformance suite) do exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
+
+KINDS = ("sqlite", "async_sqlite", "postgres", "async_postgres")
+SYNC_KINDS = ("sqlite", "postgres")
+ASYNC_KINDS = ("async_sqlite", "async_postgres")
+
+
+def is_async(kind: str) -> bool:
+    return kind.startswith("async_")
+
+
+def is_postgres(kind: str) -> bool:
+    return kind.endswith("postgres")
+
+
+@asynccontextmanager
+async def open_saver(
+    kind: str, *, sqlite_path: str, pg_url: str, **kwargs: Any
+) -> AsyncIterator[Any]:
+    """A set-up saver of ``kind``; sync ones are opened with their sync context manager."""
+    if kind == "sqlite":
+        with SqliteSaver.from_conn_string(sqlite_path, **kwargs) as saver:
+            saver.setup()
+            yield saver
+    elif kind == "postgres":
+        with PostgresSaver.from_conn_string(pg_url, **kwargs) as saver:
+            saver.setup()
+            yield saver
+    elif kind == "async_sqlite":
+        async with AsyncSqliteSaver.from_conn_string(sqlite_path, **kwargs) as saver:
+            await saver.setup()
+            yield saver
+    elif kind == "async_postgres":
+        async with AsyncPostgresSaver.from_conn_string(pg_url, **kwargs) as saver:
+            await saver.setup()
+            yield saver
+    else:  # pragma: no cover
+        raise ValueError(kind)
+
+
+class SyncDriven(BaseCheckpointSaver[str]):
+    """Exposes a sync saver's *sync* methods under the async names the conformance
+    suite calls, so the sync code path is what gets tested."""
+
+    def __init__(self, inner: BaseCheckpointSaver[str]) -> None:
+        super().__init__(serde=inner.serde)
+        self.inner = inner
+
+    async def aget_tuple(self, config: Any) -> Any:
+        return self.inner.get_tuple(config)
+
+    async def alist(self, config: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        for item in self.inner.list(config, **kwargs):
+            yield item
+
+    async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        return self.inner.put(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        self.inner.put_writes(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        self.inner.delete_thread(thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self.inner.delete_for_runs(run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self.inner.copy_thread(source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self.inner.prune(thread_ids, strategy=strategy)
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        return self.inner.get_next_version(current, channel)
