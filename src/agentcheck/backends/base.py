@@ -137,17 +137,26 @@ class SQL:
         "checkpoint, metadata_type, metadata FROM agentcheck_checkpoints "
         "WHERE thread_id = ? AND checkpoint_ns = ? ORDER BY checkpoint_id DESC LIMIT 1"
     )
-    # List queries are assembled from these fragments by the saver core.
+    # List queries are assembled from these fragments by the saver core. A filtered list
+    # is driven from the metadata terms index (its first term), not from a table scan.
     LIST_SELECT = (
         "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type, "
         "c.checkpoint, c.metadata_type, c.metadata FROM agentcheck_checkpoints c"
     )
+    LIST_SELECT_BY_TERM = (
+        "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type, "
+        "c.checkpoint, c.metadata_type, c.metadata FROM agentcheck_metadata_terms t0 "
+        "JOIN agentcheck_checkpoints c ON c.thread_id = t0.thread_id "
+        "AND c.checkpoint_ns = t0.checkpoint_ns AND c.checkpoint_id = t0.checkpoint_id"
+    )
+    LIST_FIRST_TERM = "t0.term = ?"
     LIST_TERM = (
         "EXISTS (SELECT 1 FROM agentcheck_metadata_terms t WHERE t.term = ? "
         "AND t.thread_id = c.thread_id AND t.checkpoint_ns = c.checkpoint_ns "
         "AND t.checkpoint_id = c.checkpoint_id)"
     )
     LIST_ORDER = " ORDER BY c.checkpoint_id DESC"
+    LIST_ORDER_BY_TERM = " ORDER BY t0.checkpoint_id DESC"
 
     SELECT_BLOBS_PREFIX = (
         "SELECT channel, version, type, blob FROM agentcheck_blobs "

@@ -231,6 +231,13 @@ class SaverCore(BaseCheckpointSaver[str]):
     ) -> Operation[list[CheckpointTuple]]:
         where: list[str] = []
         params: list[Any] = []
+        terms = sorted({self.codec.term(t) for t in metadata_terms(filter or {})})
+        if terms:
+            where.append(self.sql.LIST_FIRST_TERM)
+            params.append(terms[0])
+            for term in terms[1:]:
+                where.append(self.sql.LIST_TERM)
+                params.append(term)
         if config is not None:
             conf = config.get("configurable", {})
             if conf.get("thread_id") is not None:
@@ -242,17 +249,13 @@ class SaverCore(BaseCheckpointSaver[str]):
             if checkpoint_id := get_checkpoint_id(config):
                 where.append("c.checkpoint_id = ?")
                 params.append(checkpoint_id)
-        if filter:
-            for term in sorted(set(metadata_terms(filter))):
-                where.append(self.sql.LIST_TERM)
-                params.append(self.codec.term(term))
         if before is not None and (before_id := get_checkpoint_id(before)):
             where.append("c.checkpoint_id < ?")
             params.append(before_id)
-        sql = self.sql.LIST_SELECT
+        sql = self.sql.LIST_SELECT_BY_TERM if terms else self.sql.LIST_SELECT
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += self.sql.LIST_ORDER
+        sql += self.sql.LIST_ORDER_BY_TERM if terms else self.sql.LIST_ORDER
         if limit is not None:
             sql += " LIMIT ?"
             params.append(int(limit))
