@@ -47,8 +47,8 @@ else
     have_initdb || { echo "error: initdb still not found after install" >&2; exit 1; }
 fi
 
-phase "ruff check src tests"
-ruff check src tests
+phase "ruff check src tests examples"
+ruff check src tests examples
 
 phase "mypy src"
 mypy src
