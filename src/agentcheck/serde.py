@@ -85,6 +85,8 @@ class SafeSerializer(JsonPlusSerializer):
         except UnsafeTypeError as exc:
             refused.append(exc)
             raise
+        if isinstance(obj, _DeltaSnapshot):  # a NamedTuple, but has its own ext code
+            return ormsgpack.Ext(_jp.EXT_DELTA_SNAPSHOT, self._pack(obj.value, refused))
         # Containers whose fields langgraph encodes with its own (unchecked) hook are
         # encoded here so that every nested value is checked too.
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -239,26 +239,33 @@ async def test_subgraphs_namespaces_state_and_resume(kind: str, saver: Any) -> N
     assert [i.value for i in out[INTERRUPT]] == ["confirm in+s1+s2+pre?"]
 
     # checkpoints are stored under the root namespace and one per subgraph task
-    tuples = await collect(saver, "list", kind, config)
-    namespaces = {t.config["configurable"]["checkpoint_ns"] for t in tuples}
-    assert "" in namespaces
-    sub_ns = sorted(ns for ns in namespaces if ns)
-    assert [ns.split(":")[0] for ns in sub_ns] == ["asking", "plain"]
-    for ns in sub_ns:
-        in_ns = await collect(saver, "list", kind, {"configurable": {**config["configurable"]}})
-        assert any(t.config["configurable"]["checkpoint_ns"] == ns for t in in_ns)
-        only_ns = await collect(
+    by_ns: dict[str, list[Any]] = {}
+    for t in await collect(saver, "list", kind, config):  # every namespace of the thread
+        by_ns.setdefault(t.config["configurable"]["checkpoint_ns"], []).append(t)
+    assert sorted(ns.split(":")[0] for ns in by_ns) == ["", "asking", "plain"]
+    plain_ns = next(ns for ns in by_ns if ns.startswith("plain:"))
+    asking_ns = next(ns for ns in by_ns if ns.startswith("asking:"))
+    root = by_ns[""]
+    assert [t.metadata["step"] for t in root] == [1, 0, -1]
+    assert [t.metadata["step"] for t in by_ns[plain_ns]] == [2, 1, 0, -1]
+    assert [t.metadata["step"] for t in by_ns[asking_ns]] == [1, 0, -1]
+    # a subgraph's checkpoints name the root checkpoint whose task ran them
+    assert all(t.metadata["parents"] == {"": cid(root[1].config)} for t in by_ns[plain_ns])
+    assert all(t.metadata["parents"] == {"": cid(root[0].config)} for t in by_ns[asking_ns])
+    assert all(t.metadata["parents"] == {} for t in root)
+    # listing one namespace returns exactly its checkpoints
+    for ns, group in by_ns.items():
+        only = await collect(
             saver, "list", kind, {"configurable": {"thread_id": "sub", "checkpoint_ns": ns}}
         )
-        assert only_ns and all(t.config["configurable"]["checkpoint_ns"] == ns for t in only_ns)
-        # subgraph checkpoints record the parent checkpoint they ran under
-        assert all("" in t.metadata["parents"] for t in only_ns)
-    asking_ns = sub_ns[0]
+        assert [cid(t.config) for t in only] == [cid(t.config) for t in group]
+    assert by_ns[plain_ns][0].checkpoint["channel_values"]["text"] == "in+s1+s2"
     latest_sub = await call(
         saver, "get_tuple", kind, {"configurable": {"thread_id": "sub", "checkpoint_ns": asking_ns}}
     )
+    assert cid(latest_sub.config) == cid(by_ns[asking_ns][0].config)
     assert latest_sub.checkpoint["channel_values"]["text"] == "in+s1+s2+pre"
-    assert any(w[1] == INTERRUPT for w in latest_sub.pending_writes)
+    assert [w[1] for w in latest_sub.pending_writes] == [INTERRUPT]
 
     state = await call(graph, "get_state", kind, config, subgraphs=True)
     assert state.next == ("asking",)
@@ -266,7 +273,9 @@ async def test_subgraphs_namespaces_state_and_resume(kind: str, saver: Any) -> N
     (task,) = state.tasks
     assert task.name == "asking"
     assert [i.value for i in task.interrupts] == ["confirm in+s1+s2+pre?"]
+    assert asking_ns == f"asking:{task.id}"
     sub_state = task.state
+    assert cid(sub_state.config) == cid(latest_sub.config)
     assert sub_state.values == {"text": "in+s1+s2+pre", "answer": ""}
     assert sub_state.next == ("ask",)
     assert sub_state.config["configurable"]["checkpoint_ns"] == asking_ns
@@ -418,11 +427,8 @@ async def test_update_state_and_fork_from_older_checkpoint(kind: str, saver: Any
     while cursor.parent_config is not None:
         cursor = await call(graph, "get_state", kind, cursor.parent_config)
         chain.append(cid(cursor.config))
-    assert chain[:3] == [
-        None if False else chain[0],  # the fork's "b" step
-        cid(fork_config),
-        cid(after_a.config),
-    ]
+    # fork end <- fork's "b" step <- the update (fork point) <- after "a" <- ...
+    assert chain[1:3] == [cid(fork_config), cid(after_a.config)]
     assert chain[-1] == cid(original[-1].config)
     assert cid(updated_config) not in chain and cid(final.config) not in chain
 
@@ -436,7 +442,7 @@ async def test_update_state_and_fork_from_older_checkpoint(kind: str, saver: Any
     again = await call(graph, "get_state", kind, final.config)
     assert again.values == {"mode": "orig", "log": ["a@orig", "b@orig", "c@orig"]}
     again = await call(graph, "get_state", kind, updated_config)
-    assert again.values["log"][-1] == "manual"
+    assert again.values == {"mode": "orig", "log": ["a@orig", "b@orig", "c@orig", "manual"]}
 
 
 # --------------------------------------------------------------------------- 5. Send fan-out
@@ -518,10 +524,15 @@ async def test_send_fan_out_failure_keeps_successful_writes(kind: str, saver: An
     assert calls == dict.fromkeys(items, 1)
 
     state = await call(graph, "get_state", kind, config)
-    assert state.next == ("work",) * 4
-    assert state.values == {"items": items, "results": [], "summary": ""}
+    # only the failed task is left to run; get_state applies the siblings' saved writes
+    assert state.next == ("work",)
+    assert state.values == {"items": items, "results": [f"done:{g}" for g in good], "summary": ""}
+    assert [t.name for t in state.tasks] == ["work"] * 4
     errors = [t for t in state.tasks if t.error is not None]
     assert len(errors) == 1 and "bad item" in repr(errors[0].error)
+    assert [t.result for t in state.tasks if t.error is None] == [
+        {"results": [f"done:{g}"]} for g in good
+    ]
 
     stored = await call(saver, "get_tuple", kind, config)
     assert cid(stored.config) == cid(state.config)
@@ -538,8 +549,8 @@ async def test_send_fan_out_failure_keeps_successful_writes(kind: str, saver: An
 
     failing["on"] = False
     out = await call(graph, "invoke", kind, None, config)
-    assert sorted(out["results"]) == [f"done:{g}" for g in sorted(good)] + [] or True
-    assert sorted(out["results"]) == sorted(f"done:{i}" for i in items)
+    # writes are applied in task order, so the resumed task's result lands in its slot
+    assert out["results"] == [f"done:{i}" for i in items]
     assert out["summary"] == ",".join(sorted(f"done:{i}" for i in items))
     # the successful siblings were not executed again; the failed one was
     assert calls == {"ok1": 1, "ok2": 1, "ok3": 1, "bad": 2, "reduce": 1}
@@ -564,16 +575,28 @@ async def test_durability_modes(kind: str, saver: Any) -> None:
         stored = await collect(saver, "list", kind, config)
         counts[mode] = len(stored)
         if mode == "exit":
-            # only the final checkpoint is written, and it names a parent never stored
+            # only the final checkpoint is written, with no parent (none was stored)
             (only,) = stored
             assert only.metadata["step"] == 3 and only.metadata["source"] == "loop"
             assert cid(only.config) == cid(state.config)
+            assert only.parent_config is None
         else:
             assert [t.metadata["step"] for t in stored] == [3, 2, 1, 0, -1]
-            assert [cid(t.parent_config) for t in stored] == [
-                cid(t.config) for t in stored[1:]
-            ] + [None]
+            assert [cid(t.parent_config) for t in stored] == [cid(t.config) for t in stored[1:]] + [
+                None
+            ]
     assert counts == {"sync": 5, "async": 5, "exit": 1}
+
+    # a second "exit" run on the thread adds one checkpoint, child of the first run's
+    first = await call(saver, "get_tuple", kind, thread("exit"))
+    out = await call(graph, "invoke", kind, {"log": ["again"]}, thread("exit"), durability="exit")
+    assert out == {"log": ["exit", "a", "b", "c", "again", "a", "b", "c"]}
+    stored = await collect(saver, "list", kind, thread("exit"))
+    assert [t.metadata["step"] for t in stored] == [8, 3]
+    assert cid(stored[0].parent_config) == cid(first.config)
+    # while "sync" keeps every step of the second run too
+    await call(graph, "invoke", kind, {"log": ["again"]}, thread("sync"), durability="sync")
+    assert len(await collect(saver, "list", kind, thread("sync"))) == 10
 
     # a failing run with "exit" still stores where it stopped, with the error write
     def boom(state: Log) -> dict[str, Any]:
@@ -624,18 +647,14 @@ async def test_thread_with_a_thousand_checkpoints(kind: str, saver: Any) -> None
 
     newest = await collect(saver, "list", kind, thread("long"), limit=10)
     assert [t.metadata["step"] for t in newest] == list(range(runs, runs - 10, -1))
-    assert [t.checkpoint["channel_values"]["n"] for t in newest] == list(
-        range(runs, runs - 10, -1)
-    )
+    assert [t.checkpoint["channel_values"]["n"] for t in newest] == list(range(runs, runs - 10, -1))
     assert cid(newest[0].config) == cid(state.config)
     assert [cid(t.parent_config) for t in newest[:-1]] == [cid(t.config) for t in newest[1:]]
 
     history = await collect(graph, "get_state_history", kind, thread("long"))
     assert len(history) == total
     assert [h.metadata["step"] for h in history] == list(range(runs, -2, -1))
-    assert [cid(h.parent_config) for h in history] == [cid(h.config) for h in history[1:]] + [
-        None
-    ]
+    assert [cid(h.parent_config) for h in history] == [cid(h.config) for h in history[1:]] + [None]
     assert len(await collect(saver, "list", kind, thread("long"))) == total
 
     early = history[-3]  # step 1
@@ -683,92 +702,133 @@ def delta_graph(steps: int) -> StateGraph:
     return builder
 
 
-def expected_events(steps: int, start: int = 0) -> list[str]:
+def expected_events(n: int) -> list[str]:
+    """``events`` once ``tick`` has run ``n`` times: "side" k runs in the step of tick k+1,
+    after it (LangGraph orders a step's pull tasks before its ``Send`` tasks)."""
     events: list[str] = []
-    for n in range(start + 1, steps + 1):
-        events.append(f"e{n}")
-        if n % 4 == 2 and n < steps:
-            events.append(f"side{n}")
+    for m in range(1, n + 1):
+        events.append(f"e{m}")
+        if (m - 1) % 4 == 2:
+            events.append(f"side{m - 1}")
     return events
 
 
 async def delta_history_matches_base(kind: str, saver: Any, config: dict[str, Any]) -> Any:
     """Our ``get_delta_channel_history`` and the base class's walk agree; returns ours."""
+    channels = ["events", "n"]
     if is_async(kind):
-        ours = await saver.aget_delta_channel_history(config=config, channels=["events", "n"])
+        ours = await saver.aget_delta_channel_history(config=config, channels=channels)
         base = await BaseCheckpointSaver.aget_delta_channel_history(
-            saver, config=config, channels=["events", "n"]
+            saver, config=config, channels=channels
         )
     else:
-        ours = saver.get_delta_channel_history(config=config, channels=["events", "n"])
+        ours = saver.get_delta_channel_history(config=config, channels=channels)
         base = BaseCheckpointSaver.get_delta_channel_history(
-            saver, config=config, channels=["events", "n"]
+            saver, config=config, channels=channels
         )
     assert dict(ours) == dict(base)
+    assert set(ours) == set(channels)
     return ours
 
 
+DELTA_STEPS = 13  # snapshots at steps 2, 5, 8 and 11; the last checkpoint is not one
+
+
+async def run_delta_thread(kind: str, db: dict[str, str]) -> list[Any]:
+    """Run the DeltaChannel graph on thread "delta"; return its history (newest first)."""
+    async with open_saver(kind, **db) as saver:
+        graph = delta_graph(DELTA_STEPS).compile(checkpointer=saver)
+        out = await call(graph, "invoke", kind, {"n": 0, "events": []}, thread("delta"))
+        assert out == {"n": DELTA_STEPS, "events": expected_events(DELTA_STEPS)}
+        return await collect(graph, "get_state_history", kind, thread("delta"))
+
+
 @parametrize_kinds
-async def test_delta_channel_reconstruction_history_and_prune(
-    kind: str, db: dict[str, str]
-) -> None:
-    steps = 14
-    config = thread("delta")
-    expected = {"n": steps, "events": expected_events(steps)}
-    async with open_saver(kind, **db) as saver:
-        graph = delta_graph(steps).compile(checkpointer=saver)
-        out = await call(graph, "invoke", kind, {"n": 0, "events": []}, config)
-        assert out == expected
-        history = await collect(graph, "get_state_history", kind, config)
+async def test_delta_channel_state_rebuilt_by_fresh_saver(kind: str, db: dict[str, str]) -> None:
+    history = await run_delta_thread(kind, db)
+    assert [h.metadata["step"] for h in history] == list(range(DELTA_STEPS, -2, -1))
+    expected = {"n": DELTA_STEPS, "events": expected_events(DELTA_STEPS)}
 
-    # snapshots were taken: some checkpoints store the channel, most do not
+    # a new saver on the same database (as a new process would) rebuilds every checkpoint
     async with open_saver(kind, **db) as saver:
-        tuples = await collect(saver, "list", kind, config)
-        assert len(tuples) == len(history)
-        snapshots = [
-            t for t in tuples if isinstance(t.checkpoint["channel_values"].get("events"), _DeltaSnapshot)
-        ]
-        assert len(snapshots) >= 3
-        assert len(snapshots) < len(tuples) - 3
-        assert all("events" in t.metadata["counters_since_delta_snapshot"] for t in tuples[:-1])
-
-        # a fresh saver on the same database rebuilds the state of every checkpoint
-        graph = delta_graph(steps).compile(checkpointer=saver)
-        state = await call(graph, "get_state", kind, config)
+        graph = delta_graph(DELTA_STEPS).compile(checkpointer=saver)
+        state = await call(graph, "get_state", kind, thread("delta"))
         assert state.values == expected
-        for old in history:
+        for old in history[:-1]:  # all but the input checkpoint, which has no values
+            n = old.metadata["step"]
             again = await call(graph, "get_state", kind, old.config)
-            assert again.values == old.values
-            n = old.values.get("n", 0)
-            if old.metadata["step"] >= 0:
-                assert old.values["events"] == [
-                    e for e in expected["events"] if int(e.lstrip("eside")) <= n
-                ][: len(old.values["events"])]
+            assert again.values == {"n": n, "events": expected_events(n)}
 
-        # our history query agrees with BaseCheckpointSaver's walk over get_tuple
+        # the channel is stored only as periodic snapshots; other checkpoints count updates
+        tuples = await collect(saver, "list", kind, thread("delta"))
+        snapshot_steps = []
+        for t in tuples:
+            stored = t.checkpoint["channel_values"].get("events")
+            if stored is None:
+                assert "events" in t.metadata["counters_since_delta_snapshot"]
+            else:
+                assert isinstance(stored, _DeltaSnapshot)
+                step = t.metadata["step"]
+                assert stored.value == expected_events(step)
+                snapshot_steps.append(step)
+        assert snapshot_steps == [11, 8, 5, 2]
+
+
+@parametrize_kinds
+async def test_delta_channel_history_matches_base_walk(kind: str, db: dict[str, str]) -> None:
+    history = await run_delta_thread(kind, db)
+    async with open_saver(kind, **db) as saver:
+        # our query agrees with BaseCheckpointSaver's get_tuple walk at every checkpoint
         for old in history:
-            ours = await delta_history_matches_base(kind, saver, old.config)
-            assert set(ours) == {"events", "n"}
-        latest = await delta_history_matches_base(kind, saver, config)
-        assert isinstance(latest["events"].get("seed"), _DeltaSnapshot)
-        replayed = extend(
-            latest["events"]["seed"].value, [value for _, _, value in latest["events"]["writes"]]
+            await delta_history_matches_base(kind, saver, old.config)
+        latest = await delta_history_matches_base(kind, saver, thread("delta"))
+        # latest (step 13) = snapshot at step 11 + the writes of steps 12 and 13
+        assert latest["events"]["seed"] == _DeltaSnapshot(expected_events(11))
+        assert [value for _, _, value in latest["events"]["writes"]] == [["e12"], ["e13"]]
+        # a plain channel is seeded by its value at the parent checkpoint
+        assert latest["n"]["seed"] == 12
+        assert [value for _, _, value in latest["n"]["writes"]] == [13]
+        # a checkpoint before the first snapshot replays from the start, with no seed
+        step1 = next(h for h in history if h.metadata["step"] == 1)
+        early = await delta_history_matches_base(kind, saver, step1.config)
+        assert "seed" not in early["events"]
+        assert [value for _, _, value in early["events"]["writes"]] == [[], ["e1"]]
+        # unknown channels and no channels
+        empty = await call(
+            saver, "get_delta_channel_history", kind, config=thread("delta"), channels=[]
         )
-        assert replayed == expected["events"][: len(replayed)]
+        assert dict(empty) == {}
 
-        # prune keeps the newest checkpoint and what its DeltaChannel needs
+
+@parametrize_kinds
+async def test_delta_channel_prune_keep_latest_keeps_state(kind: str, db: dict[str, str]) -> None:
+    await run_delta_thread(kind, db)
+    config = thread("delta")
+    async with open_saver(kind, **db) as saver:
+        graph = delta_graph(DELTA_STEPS).compile(checkpointer=saver)
+        before = await call(graph, "get_state", kind, config)
+        tuples = await collect(saver, "list", kind, config)
+        await call(saver, "copy_thread", kind, "delta", "unpruned")
+
         await call(saver, "prune", kind, ["delta"], strategy="keep_latest")
         kept = await collect(saver, "list", kind, config)
-        assert 1 < len(kept) < len(tuples)
-        assert cid(kept[0].config) == cid(state.config)
-        pruned = await call(graph, "get_state", kind, config)
-        assert pruned.values == expected
+        # the newest checkpoint and its ancestors back to the last snapshot (step 11)
+        assert [t.metadata["step"] for t in kept] == [13, 12, 11]
+        assert cid(kept[0].config) == cid(before.config)
+        assert len(tuples) == DELTA_STEPS + 2
+        after = await call(graph, "get_state", kind, config)
+        assert after.values == before.values
+        assert cid(after.config) == cid(before.config)
         await delta_history_matches_base(kind, saver, config)
+        # the copy was left alone
+        assert len(await collect(saver, "list", kind, thread("unpruned"))) == len(tuples)
 
     async with open_saver(kind, **db) as saver:
-        graph = delta_graph(steps).compile(checkpointer=saver)
-        assert (await call(graph, "get_state", kind, config)).values == expected
-        # and the thread can keep running from the pruned state
-        graph = delta_graph(steps + 3).compile(checkpointer=saver)
-        out = await call(graph, "invoke", kind, None, config)
-        assert out is None or True
+        graph = delta_graph(DELTA_STEPS).compile(checkpointer=saver)
+        assert (await call(graph, "get_state", kind, config)).values == before.values
+        # the pruned thread runs on exactly like the unpruned copy
+        graph = delta_graph(DELTA_STEPS + 3).compile(checkpointer=saver)
+        out = await call(graph, "invoke", kind, {"n": DELTA_STEPS}, config)
+        copy = await call(graph, "invoke", kind, {"n": DELTA_STEPS}, thread("unpruned"))
+        assert out == copy
+        assert out == {"n": DELTA_STEPS + 3, "events": expected_events(DELTA_STEPS + 3)}

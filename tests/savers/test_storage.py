@@ -9,9 +9,10 @@ from typing import Annotated, Any, TypedDict
 import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
-from savers_support import KINDS, is_async, is_postgres, open_saver
 
 from agentcheck.backends import postgres as pg_backend
+
+from savers_support import KINDS, is_async, is_postgres, open_saver
 
 
 class State(TypedDict):

@@ -238,6 +238,84 @@ class SQL:
     )
 
 
+    # -- journal: runs, events, steps ---------------------------------------------------
+    START_RUN = (
+        "INSERT INTO agentcheck_runs (run_id, framework, name, thread_id, status, attempt, "
+        "owner, lease_until, created_at, updated_at, metadata_type, metadata) "
+        "VALUES (?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (run_id) DO UPDATE SET status = 'running', "
+        "attempt = agentcheck_runs.attempt + 1, owner = excluded.owner, "
+        "lease_until = excluded.lease_until, updated_at = excluded.updated_at, "
+        "ended_at = NULL, error = NULL"
+    )
+    SET_RUN_STATUS = (
+        "UPDATE agentcheck_runs SET status = ?, updated_at = ?, ended_at = ?, error = ? "
+        "WHERE run_id = ?"
+    )
+    RUN_COLUMNS = (
+        "run_id, framework, name, thread_id, status, attempt, owner, lease_until, "
+        "created_at, updated_at, ended_at, metadata_type, metadata, error"
+    )
+    SELECT_RUN = (
+        "SELECT run_id, framework, name, thread_id, status, attempt, owner, lease_until, "
+        "created_at, updated_at, ended_at, metadata_type, metadata, error "
+        "FROM agentcheck_runs WHERE run_id = ?"
+    )
+    SELECT_RUNS = (
+        "SELECT run_id, framework, name, thread_id, status, attempt, owner, lease_until, "
+        "created_at, updated_at, ended_at, metadata_type, metadata, error "
+        "FROM agentcheck_runs"
+    )
+    INSERT_EVENT = (
+        "INSERT INTO agentcheck_events (run_id, ts, kind, phase, name, step_key, parent_seq, "
+        "input_tokens, output_tokens, cost, payload_type, payload, error) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq"
+    )
+    SELECT_EVENTS = (
+        "SELECT seq, run_id, ts, kind, phase, name, step_key, parent_seq, input_tokens, "
+        "output_tokens, cost, payload_type, payload, error FROM agentcheck_events "
+        "WHERE run_id = ? AND seq > ? ORDER BY seq"
+    )
+    STEP_COLUMNS = (
+        "scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
+        "owner, started_at, finished_at, args_type, args, result_type, result, error"
+    )
+    CLAIM_STEP = (
+        "INSERT INTO agentcheck_steps (scope, step_key, run_id, kind, name, effect, status, "
+        "idempotency_key, attempts, owner, started_at, args_type, args) "
+        "VALUES (?, ?, ?, ?, ?, ?, 'started', ?, 1, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+    )
+    SELECT_STEP = (
+        "SELECT scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
+        "owner, started_at, finished_at, args_type, args, result_type, result, error "
+        "FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
+    )
+    SELECT_STEPS = (
+        "SELECT scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
+        "owner, started_at, finished_at, args_type, args, result_type, result, error "
+        "FROM agentcheck_steps"
+    )
+    # Take over a step from the owner we saw (compare-and-set on the owner), so two
+    # workers recovering the same step cannot both run it.
+    RECLAIM_STEP = (
+        "UPDATE agentcheck_steps SET status = 'started', attempts = attempts + 1, owner = ?, "
+        "started_at = ?, finished_at = NULL, error = NULL, run_id = ? "
+        "WHERE scope = ? AND step_key = ? AND owner = ? AND status <> 'completed'"
+    )
+    # A completed step is never overwritten: only the owner of a started step finishes it.
+    COMPLETE_STEP = (
+        "UPDATE agentcheck_steps SET status = 'completed', finished_at = ?, result_type = ?, "
+        "result = ? WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
+    )
+    FAIL_STEP = (
+        "UPDATE agentcheck_steps SET status = 'failed', finished_at = ?, error = ? "
+        "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
+    )
+    RELEASE_STEP = (
+        "DELETE FROM agentcheck_steps "
+        "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
+    )
+
 # Migration 1, written once for both databases; ``{blob}`` is the binary column type.
 _V1 = (
     "CREATE TABLE IF NOT EXISTS agentcheck_checkpoints ("
@@ -268,9 +346,40 @@ _V1 = (
 )
 
 
-def portable_migrations(blob_type: str) -> tuple[tuple[str, ...], ...]:
-    """The migrations shared by both databases, for a given binary column type."""
-    return (tuple(stmt.format(blob=blob_type) for stmt in _V1),)
+# Migration 2: the journal (docs/journal.md). ``{serial}`` is an auto-assigned integer key.
+_V2 = (
+    "CREATE TABLE IF NOT EXISTS agentcheck_runs ("
+    " run_id TEXT PRIMARY KEY, framework TEXT NOT NULL, name TEXT, thread_id TEXT,"
+    " status TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 1,"
+    " owner TEXT, lease_until TEXT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL,"
+    " ended_at TEXT, metadata_type TEXT, metadata {blob}, error TEXT)",
+    "CREATE INDEX IF NOT EXISTS agentcheck_runs_thread_idx ON agentcheck_runs (thread_id)",
+    "CREATE INDEX IF NOT EXISTS agentcheck_runs_status_idx ON agentcheck_runs (status, updated_at)",
+    "CREATE TABLE IF NOT EXISTS agentcheck_events ("
+    " seq {serial}, run_id TEXT NOT NULL, ts TEXT NOT NULL,"
+    " kind TEXT NOT NULL, phase TEXT NOT NULL, name TEXT, step_key TEXT, parent_seq INTEGER,"
+    " input_tokens INTEGER, output_tokens INTEGER, cost DOUBLE PRECISION,"
+    " payload_type TEXT, payload {blob}, error TEXT)",
+    "CREATE INDEX IF NOT EXISTS agentcheck_events_run_idx ON agentcheck_events (run_id, seq)",
+    "CREATE TABLE IF NOT EXISTS agentcheck_steps ("
+    " scope TEXT NOT NULL, step_key TEXT NOT NULL, run_id TEXT,"
+    " kind TEXT NOT NULL, name TEXT NOT NULL, effect TEXT NOT NULL, status TEXT NOT NULL,"
+    " idempotency_key TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1,"
+    " owner TEXT NOT NULL, started_at TEXT NOT NULL, finished_at TEXT,"
+    " args_type TEXT, args {blob}, result_type TEXT, result {blob}, error TEXT,"
+    " PRIMARY KEY (scope, step_key))",
+    "CREATE INDEX IF NOT EXISTS agentcheck_steps_run_idx ON agentcheck_steps (run_id)",
+    "CREATE INDEX IF NOT EXISTS agentcheck_steps_status_idx ON agentcheck_steps (status)",
+)
+
+
+def portable_migrations(blob_type: str, serial_type: str) -> tuple[tuple[str, ...], ...]:
+    """The migrations shared by both databases, given the binary column type and the
+    type of an auto-assigned integer primary key."""
+    return tuple(
+        tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
+        for migration in (_V1, _V2)
+    )
 
 
 def migrate(sql: type[SQL] | SQL, migrations: Sequence[Sequence[str]]) -> Operation[int]:

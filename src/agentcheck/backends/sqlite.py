@@ -22,7 +22,8 @@ class SqliteSQL(SQL):
     """SQLite needs nothing beyond the portable statements."""
 
 
-MIGRATIONS = portable_migrations("BLOB")
+# INTEGER PRIMARY KEY is the rowid: assigned in insert order.
+MIGRATIONS = portable_migrations("BLOB", "INTEGER PRIMARY KEY")
 
 # Set in one place, on every connection agentcheck opens:
 # - WAL lets readers run while one writer commits, across processes;

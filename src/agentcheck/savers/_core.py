@@ -16,6 +16,7 @@ Storage layout (see docs/savers.md):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +45,7 @@ from agentcheck.serde import Codec, SafeSerializer
 __all__ = ["SaverCore"]
 
 _EMPTY = "empty"  # a channel with a version but no value (for example a DeltaChannel step)
+_MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 
 
@@ -114,6 +116,14 @@ class SaverCore(BaseCheckpointSaver[str]):
                 f"{thread_id!r} (namespace {ns!r}): {exc}"
             ) from exc
 
+    def _term(self, text: str) -> str:
+        """The stored form of an index term: long ones are hashed, because index entries
+        are size-limited (PostgreSQL's btree refuses entries over ~2.7 KB)."""
+        term = self.codec.term(text)
+        if len(term) > _MAX_TERM:
+            term = "l:" + hashlib.sha256(term.encode()).hexdigest()
+        return term
+
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Next channel version: a zero-padded counter plus a random fraction.
 
@@ -156,9 +166,9 @@ class SaverCore(BaseCheckpointSaver[str]):
         meta = get_serializable_checkpoint_metadata(config, metadata)
         meta_type, meta_data = self._dump(meta)
         run_id = meta.get("run_id")
-        run_term = self.codec.term(str(run_id)) if run_id is not None else None
+        run_term = self._term(str(run_id)) if run_id is not None else None
         key = (thread_id, ns, checkpoint_id)
-        terms = [(*key, self.codec.term(t)) for t in set(metadata_terms(meta))]
+        terms = [(*key, self._term(t)) for t in set(metadata_terms(meta))]
 
         if blob_rows:
             yield Query(self.sql.INSERT_BLOB, blob_rows, many=True)
@@ -231,7 +241,7 @@ class SaverCore(BaseCheckpointSaver[str]):
     ) -> Operation[list[CheckpointTuple]]:
         where: list[str] = []
         params: list[Any] = []
-        terms = sorted({self.codec.term(t) for t in metadata_terms(filter or {})})
+        terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
         if terms:
             where.append(self.sql.LIST_FIRST_TERM)
             params.append(terms[0])
@@ -450,7 +460,7 @@ class SaverCore(BaseCheckpointSaver[str]):
         return None
 
     def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:
-        terms = [self.codec.term(str(r)) for r in run_ids]
+        terms = [self._term(str(r)) for r in run_ids]
         doomed: list[tuple[str, str, str]] = []
         for chunk in _chunks(terms):
             rows = yield Query(

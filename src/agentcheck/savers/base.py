@@ -24,6 +24,7 @@ from langgraph.checkpoint.base import (
 )
 
 from agentcheck.backends.base import Operation, migrate
+from agentcheck.journal import Journal
 from agentcheck.savers._core import SaverCore
 
 __all__ = ["AsyncSaver", "SyncSaver"]
@@ -36,6 +37,7 @@ class SyncSaver(SaverCore):
 
     migrations: tuple[tuple[str, ...], ...] = ()
     _is_setup = False
+    _journal: Journal | None = None
 
     def _run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
         raise NotImplementedError
@@ -50,6 +52,21 @@ class SyncSaver(SaverCore):
         at once and inside an open transaction. Called automatically on first use."""
         self._run(lambda: migrate(self.sql, self.migrations), True)
         self._is_setup = True
+
+    @property
+    def journal(self) -> Journal:
+        """The journal (runs, events, step ledger) in this saver's database."""
+        if self._journal is None:
+            self._journal = Journal(self)
+        return self._journal
+
+    def run_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        """Run an operation in one transaction (for the journal)."""
+        return self._call(make_op, write)
+
+    async def arun_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        """The same from async code: the sync call in a worker thread."""
+        return await asyncio.to_thread(self._call, make_op, write)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (the latest of the thread when no id is given)."""
@@ -171,7 +188,23 @@ class AsyncSaver(SaverCore):
 
     migrations: tuple[tuple[str, ...], ...] = ()
     _is_setup = False
+    _journal: Journal | None = None
     loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def journal(self) -> Journal:
+        """The journal (runs, events, step ledger) in this saver's database."""
+        if self._journal is None:
+            self._journal = Journal(self)
+        return self._journal
+
+    def run_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        """Run an operation from a thread other than the saver's event loop."""
+        return self._sync(self._call(make_op, write))
+
+    async def arun_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        """Run an operation in one transaction (for the journal)."""
+        return await self._call(make_op, write)
 
     def _bind_loop(self) -> None:
         try:

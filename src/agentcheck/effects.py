@@ -1,0 +1,625 @@
+"""Side-effect-aware calls: a completed call never runs twice (docs/effects.md).
+
+``@side_effect`` and ``@idempotent`` wrap a function (sync or async, used alone or under
+LangChain's ``@tool``). Each call is a step in the journal's ledger, keyed
+deterministically by where it runs, never by its arguments:
+
+* before it runs, the step is claimed ("started"); after, its result is recorded
+  ("completed") or its exception ("failed");
+* when the same call runs again (crash resume, interrupt resume, node retry), a completed
+  step returns its recorded result without running; a failed one runs again;
+* a step that started and never finished has an *unknown outcome*: a per-tool policy
+  decides (raise :class:`ToolOutcomeUnknown`, ``retry`` for idempotent calls, ``ask`` a
+  human, or a ``reconcile`` callable that looks the effect up).
+
+Where a call runs is found by *resolvers* registered by the framework adapters (LangGraph:
+the saver compiled into the graph, the thread, the task) or given explicitly with
+:func:`effect_scope`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, cast, overload
+
+from agentcheck._errors import AgentcheckError
+from agentcheck.journal import Claim, Effect, EventSpec, Journal, Step, new_owner
+
+__all__ = [
+    "NOT_DONE",
+    "CallContext",
+    "ToolOutcomeUnknown",
+    "UnknownOutcome",
+    "current_idempotency_key",
+    "effect_scope",
+    "idempotent",
+    "idempotency_key_for",
+    "register_resolver",
+    "side_effect",
+]
+
+logger = logging.getLogger("agentcheck")
+
+F = TypeVar("F", bound=Callable[..., Any])
+OnUnknown = Literal["raise", "retry", "ask"]
+KEY_PARAM = "idempotency_key"
+
+
+class ToolOutcomeUnknown(AgentcheckError):
+    """A side-effecting call started earlier and never finished: agentcheck cannot know
+    whether its effect happened, so it refuses to run it again blindly."""
+
+    def __init__(self, outcome: UnknownOutcome) -> None:
+        self.outcome = outcome
+        super().__init__(
+            f"the outcome of {outcome.tool}({_short(outcome.args)}) is unknown: it started at "
+            f"{outcome.started_at} (attempt {outcome.attempts}) and never finished. It was "
+            f"not run again. Idempotency key: {outcome.idempotency_key} (step "
+            f"{outcome.step_key!r} in scope {outcome.scope!r}). Check the external system "
+            "with that key, then give the tool a reconcile= callable, mark it @idempotent "
+            "if repeating it is harmless, or use on_unknown='ask'."
+        )
+
+
+class _NotDone:
+    def __repr__(self) -> str:
+        return "NOT_DONE"
+
+
+NOT_DONE: Any = _NotDone()
+"""Returned by a ``reconcile`` callable: the effect did not happen, run the call."""
+
+
+@dataclass(frozen=True)
+class UnknownOutcome:
+    """What is known of a call whose outcome is unknown; given to ``reconcile``."""
+
+    tool: str
+    args: Any
+    idempotency_key: str
+    started_at: str
+    attempts: int
+    step_key: str
+    scope: str
+
+
+@dataclass
+class CallContext:
+    """Where a call runs: the journal, the ledger scope and a deterministic key prefix.
+
+    Attributes:
+        journal: the journal to record in.
+        scope: the ledger scope (LangGraph: the thread id).
+        key_prefix: the deterministic position of the caller (LangGraph: checkpoint
+            namespace and task id).
+        run_id: the journal run to log events under.
+        call_id: an id the framework gives this very call (a model's tool-call id).
+        counters: per-attempt ordinals of calls by name; must be new for each attempt.
+        ask: asks a human and returns the answer (LangGraph: ``interrupt``).
+    """
+
+    journal: Journal
+    scope: str
+    key_prefix: str
+    run_id: str | None = None
+    call_id: str | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    ask: Callable[[Any], Any] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_key(self, kind: str, name: str) -> str:
+        """The step key of the next call of ``name`` here: by call id, else by ordinal."""
+        base = f"{kind}:{name}" + (f"@{self.call_id}" if self.call_id else "")
+        with self.lock:
+            n = self.counters.get(base, 0)
+            self.counters[base] = n + 1
+        return f"{self.key_prefix}|{base}#{n}"
+
+
+Resolver = Callable[[], "CallContext | None"]
+_resolvers: list[Resolver] = []
+_pause_errors: tuple[type[BaseException], ...] = ()
+_explicit: ContextVar[CallContext | None] = ContextVar("agentcheck_effect_scope", default=None)
+_current_key: ContextVar[str | None] = ContextVar("agentcheck_idempotency_key", default=None)
+_warned: set[str] = set()
+
+
+def register_resolver(
+    resolver: Resolver, *, pause_errors: tuple[type[BaseException], ...] = ()
+) -> None:
+    """Register how a framework tells where a call runs (used by the adapters).
+
+    ``pause_errors`` are exceptions by which the framework pauses a call rather than
+    failing it (LangGraph's interrupts): the claim is released, not marked failed.
+    """
+    global _pause_errors
+    if resolver not in _resolvers:
+        _resolvers.append(resolver)
+    _pause_errors = tuple({*_pause_errors, *pause_errors})
+
+
+def resolve_context() -> CallContext | None:
+    """The context of the current call: an explicit :func:`effect_scope` first, then
+    the registered framework resolvers."""
+    explicit = _explicit.get()
+    if explicit is not None:
+        return explicit
+    for resolver in _resolvers:
+        ctx = resolver()
+        if ctx is not None:
+            return ctx
+    return None
+
+
+@contextmanager
+def effect_scope(journal: Journal, scope: str, *, run_id: str | None = None) -> Iterator[None]:
+    """Protect calls made outside a framework: calls inside are keyed by their ordinal.
+
+    Run the same code again in the same scope (after a crash) and the calls line up with
+    the recorded ones in order. Use one scope per logical run.
+    """
+    token = _explicit.set(CallContext(journal=journal, scope=scope, key_prefix="", run_id=run_id))
+    try:
+        yield
+    finally:
+        _explicit.reset(token)
+
+
+def current_idempotency_key() -> str | None:
+    """The idempotency key of the wrapped call now running (None outside one).
+
+    Stable across crashes and resumes: forward it to an API that deduplicates by key
+    (a payment provider's ``Idempotency-Key`` header)."""
+    return _current_key.get()
+
+
+def idempotency_key_for(scope: str, step_key: str) -> str:
+    """The idempotency key of a step: derived from its position, never its arguments."""
+    digest = hashlib.sha256(f"{scope}\x00{step_key}".encode()).hexdigest()
+    return f"ac-{digest[:40]}"
+
+
+def _short(args: Any, limit: int = 200) -> str:
+    if isinstance(args, dict):
+        text = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    else:
+        text = repr(args)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _warn_unprotected(name: str) -> None:
+    if name not in _warned:
+        _warned.add(name)
+        logger.warning(
+            "agentcheck: %s ran without a journal (no agentcheck saver compiled into the "
+            "graph and no effect_scope), so it is not protected against running twice",
+            name,
+        )
+
+
+# -- the protocol, written once for sync and async --------------------------------------
+
+
+@dataclass(frozen=True)
+class _Db:
+    make_op: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class _Reconcile:
+    outcome: UnknownOutcome
+
+
+@dataclass(frozen=True)
+class _Ask:
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Call:
+    idempotency_key: str
+
+
+Action = _Db | _Reconcile | _Ask | _Call
+
+
+@dataclass(frozen=True)
+class EffectSpec:
+    """How a wrapped function behaves (attached to it as ``__agentcheck__``)."""
+
+    name: str
+    effect: Effect
+    on_unknown: OnUnknown
+    reconcile: Callable[[UnknownOutcome], Any] | None
+    kind: str = "tool"
+
+
+def protocol(
+    spec: EffectSpec, ctx: CallContext, args: Any
+) -> Generator[Action, Any, tuple[Any, str]]:
+    """The ledger protocol of one call. Yields actions; a driver performs them.
+
+    Returns ``(result, idempotency_key)``. The driver performs ``_CALL`` by running the
+    wrapped function (and throws its exception back in).
+    """
+    ops = ctx.journal.ops
+    step_key = ctx.next_key(spec.kind, spec.name)
+    key = idempotency_key_for(ctx.scope, step_key)
+    run_id = ctx.run_id or ctx.scope
+    owner = new_owner()
+
+    def event(phase: str, **kw: Any) -> EventSpec:
+        return EventSpec(run_id, spec.kind, phase, name=spec.name, step_key=step_key, **kw)
+
+    def claim_again(step: Step) -> _Db:
+        return _Db(
+            lambda: ops.reclaim(
+                ctx.scope,
+                step_key,
+                seen_owner=step.owner,
+                owner=owner,
+                run_id=run_id,
+                event=event("start", payload=args),
+            )
+        )
+
+    claim: Claim = yield _Db(
+        lambda: ops.claim(
+            ctx.scope,
+            step_key,
+            run_id=run_id,
+            kind=spec.kind,
+            name=spec.name,
+            effect=spec.effect,
+            idempotency_key=key,
+            args=args,
+            owner=owner,
+            event=event("start", payload=args),
+        )
+    )
+    step = claim.step
+    if not claim.owned:
+        if step.status == "completed":
+            yield _Db(lambda: ops.append(event("replay")))
+            return step.result, key
+        outcome = UnknownOutcome(
+            tool=spec.name,
+            args=step.args,
+            idempotency_key=key,
+            started_at=step.started_at,
+            attempts=step.attempts,
+            step_key=step_key,
+            scope=ctx.scope,
+        )
+        if step.status == "failed":
+            # It raised last time: it reported its own failure, so running it is safe.
+            claim = yield claim_again(step)
+        elif spec.reconcile is not None:
+            found = yield _Reconcile(outcome)
+            claim = yield claim_again(step)
+            if claim.owned and found is not NOT_DONE:
+                yield _Db(
+                    lambda: ops.complete(
+                        ctx.scope,
+                        step_key,
+                        owner=owner,
+                        result=found,
+                        event=event("end", name=f"{spec.name} (reconciled)", payload=found),
+                    )
+                )
+                return found, key
+        elif spec.on_unknown == "retry":
+            claim = yield claim_again(step)
+        elif spec.on_unknown == "ask" and ctx.ask is not None:
+            answer = yield _Ask(
+                {
+                    "type": "agentcheck.unknown_outcome",
+                    "tool": spec.name,
+                    "args": step.args,
+                    "idempotency_key": key,
+                    "started_at": step.started_at,
+                    "attempts": step.attempts,
+                    "step_key": step_key,
+                    "choices": {
+                        "retry": "run the call again",
+                        "result": "do not run it; use the given result",
+                        "skip": "do not run it; the result is None",
+                    },
+                }
+            )
+            action, value = _parse_answer(answer)
+            claim = yield claim_again(step)
+            if claim.owned and action != "retry":
+                yield _Db(
+                    lambda: ops.complete(
+                        ctx.scope,
+                        step_key,
+                        owner=owner,
+                        result=value,
+                        event=event("end", name=f"{spec.name} ({action} by a human)", payload=value),
+                    )
+                )
+                return value, key
+        else:
+            raise ToolOutcomeUnknown(outcome)
+        if not claim.owned:
+            # Someone else took the step between our look and our claim.
+            raise ToolOutcomeUnknown(outcome)
+
+    try:
+        result = yield _Call(key)
+    except _pause_errors:
+        yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
+        raise
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        yield _Db(
+            lambda: ops.fail(
+                ctx.scope, step_key, owner=owner, error=error, event=event("error", error=error)
+            )
+        )
+        raise
+    yield _Db(
+        lambda: ops.complete(
+            ctx.scope, step_key, owner=owner, result=result, event=event("end", payload=result)
+        )
+    )
+    return result, key
+
+
+def _parse_answer(answer: Any) -> tuple[str, Any]:
+    """A human's answer to an unknown outcome: "retry", "skip", or {"result": value}."""
+    if isinstance(answer, str) and answer in ("retry", "skip"):
+        return answer, None
+    if isinstance(answer, dict):
+        action = answer.get("action", "result" if "result" in answer else None)
+        if action in ("retry", "skip", "result"):
+            return action, answer.get("result")
+    raise ValueError(
+        f"cannot understand the answer {answer!r} to an unknown outcome: resume with "
+        "'retry', 'skip' or {'result': <the call's result>}"
+    )
+
+
+def drive_sync(
+    gen: Generator[Action, Any, tuple[Any, str]],
+    ctx: CallContext,
+    spec: EffectSpec,
+    call: Callable[[str], Any],
+) -> Any:
+    """Perform a protocol's actions synchronously."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            action = gen.throw(error) if error is not None else gen.send(value)
+        except StopIteration as stop:
+            return stop.value[0]
+        value, error = None, None
+        try:
+            if isinstance(action, _Db):
+                value = ctx.journal.run_op(action.make_op, True)
+            elif isinstance(action, _Call):
+                value = call(action.idempotency_key)
+            elif isinstance(action, _Reconcile):
+                assert spec.reconcile is not None
+                value = spec.reconcile(action.outcome)
+            else:
+                assert ctx.ask is not None
+                value = ctx.ask(action.payload)
+        except BaseException as exc:  # thrown back into the protocol
+            error = exc
+
+
+async def drive_async(
+    gen: Generator[Action, Any, tuple[Any, str]],
+    ctx: CallContext,
+    spec: EffectSpec,
+    call: Callable[[str], Any],
+) -> Any:
+    """Perform a protocol's actions, awaiting journal I/O and async callables."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            action = gen.throw(error) if error is not None else gen.send(value)
+        except StopIteration as stop:
+            return stop.value[0]
+        value, error = None, None
+        try:
+            if isinstance(action, _Db):
+                value = await ctx.journal.arun_op(action.make_op, True)
+            elif isinstance(action, _Call):
+                value = await call(action.idempotency_key)
+            elif isinstance(action, _Reconcile):
+                assert spec.reconcile is not None
+                value = spec.reconcile(action.outcome)
+                if inspect.isawaitable(value):
+                    value = await value
+            else:
+                assert ctx.ask is not None
+                value = ctx.ask(action.payload)
+        except BaseException as exc:
+            error = exc
+
+
+# -- the decorators ----------------------------------------------------------------------
+
+
+def _wrap(fn: F, spec: EffectSpec) -> F:
+    sig = inspect.signature(fn)
+    wants_key = KEY_PARAM in sig.parameters
+    public_sig = sig.replace(parameters=[p for n, p in sig.parameters.items() if n != KEY_PARAM])
+
+    def recorded_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        bound = public_sig.bind_partial(*args, **kwargs)
+        return dict(bound.arguments)
+
+    def with_key(kwargs: dict[str, Any], key: str) -> dict[str, Any]:
+        return {**kwargs, KEY_PARAM: key} if wants_key else kwargs
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            kwargs.pop(KEY_PARAM, None)
+            ctx = resolve_context()
+            if ctx is None:
+                _warn_unprotected(spec.name)
+                return await fn(*args, **with_key(kwargs, f"ac-unprotected-{uuid.uuid4().hex}"))
+
+            async def call(key: str) -> Any:
+                token = _current_key.set(key)
+                try:
+                    return await fn(*args, **with_key(kwargs, key))
+                finally:
+                    _current_key.reset(token)
+
+            gen = protocol(spec, ctx, recorded_args(args, kwargs))
+            return await drive_async(gen, ctx, spec, call)
+
+        wrapper: Callable[..., Any] = async_wrapper
+    else:
+
+        @functools.wraps(fn)
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            kwargs.pop(KEY_PARAM, None)
+            ctx = resolve_context()
+            if ctx is None:
+                _warn_unprotected(spec.name)
+                return fn(*args, **with_key(kwargs, f"ac-unprotected-{uuid.uuid4().hex}"))
+
+            def call(key: str) -> Any:
+                token = _current_key.set(key)
+                try:
+                    return fn(*args, **with_key(kwargs, key))
+                finally:
+                    _current_key.reset(token)
+
+            gen = protocol(spec, ctx, recorded_args(args, kwargs))
+            return drive_sync(gen, ctx, spec, call)
+
+        wrapper = sync_wrapper
+
+    # The key is supplied by agentcheck: hide it from signatures (and so from the tool
+    # schema LangChain's @tool shows a model).
+    wrapper.__signature__ = public_sig  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {
+        k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != KEY_PARAM
+    }
+    del wrapper.__wrapped__  # type: ignore[attr-defined]  # else inspect follows it back
+    wrapper.__agentcheck__ = spec  # type: ignore[attr-defined]
+    return cast(F, wrapper)
+
+
+def _decorator(
+    fn: F | None,
+    effect: Effect,
+    on_unknown: OnUnknown,
+    reconcile: Callable[[UnknownOutcome], Any] | None,
+    name: str | None,
+) -> F | Callable[[F], F]:
+    if on_unknown not in ("raise", "retry", "ask"):
+        raise ValueError(f"on_unknown must be 'raise', 'retry' or 'ask', not {on_unknown!r}")
+    if on_unknown == "retry" and effect != "idempotent":
+        raise ValueError(
+            "on_unknown='retry' re-runs a call whose outcome is unknown; only @idempotent "
+            "calls may do that. For a side effect use reconcile= or on_unknown='ask'."
+        )
+
+    def decorate(f: F) -> F:
+        spec = EffectSpec(
+            name=name or str(getattr(f, "__name__", "call")),
+            effect=effect,
+            on_unknown=on_unknown,
+            reconcile=reconcile,
+        )
+        return _wrap(f, spec)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+@overload
+def side_effect(fn: F) -> F: ...
+@overload
+def side_effect(
+    *,
+    on_unknown: OnUnknown = "raise",
+    reconcile: Callable[[UnknownOutcome], Any] | None = None,
+    name: str | None = None,
+) -> Callable[[F], F]: ...
+def side_effect(
+    fn: F | None = None,
+    *,
+    on_unknown: OnUnknown = "raise",
+    reconcile: Callable[[UnknownOutcome], Any] | None = None,
+    name: str | None = None,
+) -> F | Callable[[F], F]:
+    """Mark a call as having an external effect: never re-run once completed.
+
+    A call that started and never finished (the process died inside it) is not re-run
+    blindly. By default it raises :class:`ToolOutcomeUnknown` (fail closed: nothing is
+    repeated and nobody has to be online to answer). ``on_unknown="ask"`` asks a human
+    through LangGraph's ``interrupt`` instead; ``reconcile=f`` calls ``f(outcome)`` to look
+    the effect up (by ``outcome.idempotency_key``): return the call's result if it
+    happened, or :data:`NOT_DONE` to run it.
+
+    A parameter named ``idempotency_key`` receives a key that is the same across crashes
+    and resumes; it is hidden from the signature (and from an LLM's tool schema).
+    """
+    return _decorator(fn, "side_effect", on_unknown, reconcile, name)
+
+
+@overload
+def idempotent(fn: F) -> F: ...
+@overload
+def idempotent(
+    *,
+    on_unknown: OnUnknown = "retry",
+    reconcile: Callable[[UnknownOutcome], Any] | None = None,
+    name: str | None = None,
+) -> Callable[[F], F]: ...
+def idempotent(
+    fn: F | None = None,
+    *,
+    on_unknown: OnUnknown = "retry",
+    reconcile: Callable[[UnknownOutcome], Any] | None = None,
+    name: str | None = None,
+) -> F | Callable[[F], F]:
+    """Mark a call as safe to repeat: completed calls still replay their recorded result
+    (so a resumed run sees what the first attempt saw), and a call whose outcome is
+    unknown is simply run again."""
+    return _decorator(fn, "idempotent", on_unknown, reconcile, name)
+
+
+class _BoundedRegistry:
+    """Per-attempt counters keyed by an object's identity, holding the object so that
+    its id cannot be reused while the entry lives; the oldest entries are dropped."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self.entries: OrderedDict[int, tuple[object, dict[str, int]]] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def counters_for(self, owner: object) -> dict[str, int]:
+        with self.lock:
+            entry = self.entries.get(id(owner))
+            if entry is None or entry[0] is not owner:
+                entry = (owner, {})
+                self.entries[id(owner)] = entry
+                while len(self.entries) > self.size:
+                    self.entries.popitem(last=False)
+            return entry[1]
+
+
+attempt_counters = _BoundedRegistry()

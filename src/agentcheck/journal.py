@@ -1,0 +1,536 @@
+"""The journal: runs, an append-only event log, and the step ledger (docs/journal.md).
+
+It lives in the same database as the checkpoints and is reached through a saver:
+``saver.journal`` (a :class:`Journal`), or :func:`connect` for reading a database.
+
+* **runs**: one row per run (for LangGraph, per thread), with status and attempt count.
+* **events**: append-only, ordered by ``seq``: runs, nodes, LLM calls with tokens, tools.
+* **steps**: the ledger of calls with effects, one row per ``(scope, step_key)``. Claiming
+  a step is one atomic insert on that unique key, so two workers cannot both start it, and
+  a completed step is never overwritten.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from agentcheck._errors import UnsafeTypeError
+from agentcheck.backends.base import Operation, Query, in_list
+
+if TYPE_CHECKING:
+    from agentcheck.savers._core import SaverCore
+
+__all__ = [
+    "Claim",
+    "Event",
+    "Journal",
+    "Run",
+    "Step",
+    "connect",
+]
+
+T = TypeVar("T")
+RunStatus = Literal["running", "succeeded", "failed", "interrupted", "crashed"]
+StepStatus = Literal["started", "completed", "failed"]
+Effect = Literal["pure", "idempotent", "side_effect"]
+
+_REPR = "repr"  # type tag of a payload stored as its repr() because it could not be serialized
+
+
+def now() -> str:
+    """Current UTC time, ISO 8601 (sorts as text on both databases)."""
+    return datetime.now(timezone.utc).isoformat()
+
+
+def new_owner() -> str:
+    """A token naming this process and this claim, recorded on the steps it starts."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A row of ``agentcheck_runs``."""
+
+    run_id: str
+    framework: str
+    name: str | None
+    thread_id: str | None
+    status: str
+    attempt: int
+    owner: str | None
+    lease_until: str | None
+    created_at: str
+    updated_at: str
+    ended_at: str | None
+    metadata: Any
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Event:
+    """A row of the append-only ``agentcheck_events`` log."""
+
+    seq: int
+    run_id: str
+    ts: str
+    kind: str
+    phase: str
+    name: str | None
+    step_key: str | None
+    parent_seq: int | None
+    input_tokens: int | None
+    output_tokens: int | None
+    cost: float | None
+    payload: Any
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Step:
+    """A row of the ``agentcheck_steps`` ledger."""
+
+    scope: str
+    step_key: str
+    run_id: str | None
+    kind: str
+    name: str
+    effect: str
+    status: str
+    idempotency_key: str
+    attempts: int
+    owner: str
+    started_at: str
+    finished_at: str | None
+    args: Any
+    result: Any
+    error: str | None
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """Started and never finished: the call may or may not have had its effect."""
+        return self.status == "started"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to a claim: the step as stored, and whether the caller now owns it."""
+
+    step: Step
+    owned: bool
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """An event to append in the same transaction as a step change."""
+
+    run_id: str
+    kind: str
+    phase: str
+    name: str | None = None
+    step_key: str | None = None
+    payload: Any = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost: float | None = None
+    error: str | None = None
+    parent_seq: int | None = None
+
+
+class JournalOps:
+    """The journal's operations, free of I/O, on a saver's SQL and encoding."""
+
+    def __init__(self, core: SaverCore) -> None:
+        self.core = core
+        self.sql = core.sql
+
+    # -- encoding ---------------------------------------------------------------------
+
+    def dump(self, value: Any) -> tuple[str | None, bytes | None]:
+        """Serialize a payload; one that cannot be stored safely is kept as its repr."""
+        if value is None:
+            return None, None
+        try:
+            return self.core._dump(value)
+        except (UnsafeTypeError, TypeError):
+            return self.core.codec.encode(_REPR, repr(value).encode())
+
+    def load(self, type_: str | None, data: Any, what: str) -> Any:
+        if type_ is None:
+            return None
+        if type_.split("+", 1)[0] == _REPR:
+            return self.core.codec.decode(type_, data)[1].decode()
+        return self.core._load(type_, data, what, ("journal", "", ""))
+
+    def _step(self, row: Sequence[Any]) -> Step:
+        (scope, key, run_id, kind, name, effect, status, idem, attempts, owner, started,
+         finished, args_type, args, result_type, result, error) = row  # fmt: skip
+        return Step(
+            scope=scope,
+            step_key=key,
+            run_id=run_id,
+            kind=kind,
+            name=name,
+            effect=effect,
+            status=status,
+            idempotency_key=idem,
+            attempts=int(attempts),
+            owner=owner,
+            started_at=started,
+            finished_at=finished,
+            args=self.load(args_type, args, f"the arguments of step {key!r}"),
+            result=self.load(result_type, result, f"the result of step {key!r}"),
+            error=error,
+        )
+
+    def _run(self, row: Sequence[Any]) -> Run:
+        (run_id, framework, name, thread_id, status, attempt, owner, lease, created, updated,
+         ended, meta_type, meta, error) = row  # fmt: skip
+        return Run(
+            run_id=run_id,
+            framework=framework,
+            name=name,
+            thread_id=thread_id,
+            status=status,
+            attempt=int(attempt),
+            owner=owner,
+            lease_until=lease,
+            created_at=created,
+            updated_at=updated,
+            ended_at=ended,
+            metadata=self.load(meta_type, meta, f"the metadata of run {run_id!r}"),
+            error=error,
+        )
+
+    def _event(self, row: Sequence[Any]) -> Event:
+        (seq, run_id, ts, kind, phase, name, key, parent, tin, tout, cost, ptype, payload,
+         error) = row  # fmt: skip
+        return Event(
+            seq=int(seq),
+            run_id=run_id,
+            ts=ts,
+            kind=kind,
+            phase=phase,
+            name=name,
+            step_key=key,
+            parent_seq=parent,
+            input_tokens=tin,
+            output_tokens=tout,
+            cost=cost,
+            payload=self.load(ptype, payload, f"the payload of event {seq}"),
+            error=error,
+        )
+
+    # -- writes -----------------------------------------------------------------------
+
+    def append(self, event: EventSpec) -> Operation[int]:
+        """Append an event; returns its ``seq``."""
+        ptype, payload = self.dump(event.payload)
+        rows = yield Query(
+            self.sql.INSERT_EVENT,
+            (
+                event.run_id,
+                now(),
+                event.kind,
+                event.phase,
+                event.name,
+                event.step_key,
+                event.parent_seq,
+                event.input_tokens,
+                event.output_tokens,
+                event.cost,
+                ptype,
+                payload,
+                event.error,
+            ),
+            fetch=True,
+        )
+        return int(rows[0][0])
+
+    def start_run(
+        self,
+        run_id: str,
+        *,
+        framework: str,
+        name: str | None = None,
+        thread_id: str | None = None,
+        metadata: Any = None,
+        owner: str | None = None,
+        lease_until: str | None = None,
+    ) -> Operation[None]:
+        """Create a run as ``running``, or mark an existing one running again (attempt + 1)."""
+        mtype, meta = self.dump(metadata)
+        ts = now()
+        yield Query(
+            self.sql.START_RUN,
+            (run_id, framework, name, thread_id, owner, lease_until, ts, ts, mtype, meta),
+        )
+        yield from self.append(EventSpec(run_id, "run", "start", name=name))
+        return None
+
+    def set_run_status(
+        self, run_id: str, status: RunStatus, *, error: str | None = None
+    ) -> Operation[None]:
+        """Record a run's new status (and an event saying so)."""
+        ts = now()
+        ended = ts if status in ("succeeded", "failed", "crashed") else None
+        yield Query(self.sql.SET_RUN_STATUS, (status, ts, ended, error, run_id))
+        phase = {"failed": "error", "crashed": "error", "interrupted": "interrupt"}.get(
+            status, "end"
+        )
+        yield from self.append(EventSpec(run_id, "run", phase, name=status, error=error))
+        return None
+
+    def claim(
+        self,
+        scope: str,
+        step_key: str,
+        *,
+        run_id: str | None,
+        kind: str,
+        name: str,
+        effect: Effect,
+        idempotency_key: str,
+        args: Any,
+        owner: str,
+        event: EventSpec | None = None,
+    ) -> Operation[Claim]:
+        """Start a step unless it exists: one atomic insert on ``(scope, step_key)``.
+
+        Returns the stored step and whether this caller owns it. The start event is
+        appended in the same transaction, only when the claim succeeds.
+        """
+        atype, adata = self.dump(args)
+        yield Query(
+            self.sql.CLAIM_STEP,
+            (scope, step_key, run_id, kind, name, effect, idempotency_key, owner, now(), atype,
+             adata),  # fmt: skip
+        )
+        rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
+        step = self._step(rows[0])
+        owned = step.owner == owner and step.status == "started"
+        if owned and event is not None:
+            yield from self.append(event)
+        return Claim(step, owned)
+
+    def reclaim(
+        self,
+        scope: str,
+        step_key: str,
+        *,
+        seen_owner: str,
+        owner: str,
+        run_id: str | None,
+        event: EventSpec | None = None,
+    ) -> Operation[Claim]:
+        """Take over a failed or unknown-outcome step from the owner seen, atomically."""
+        yield Query(self.sql.RECLAIM_STEP, (owner, now(), run_id, scope, step_key, seen_owner))
+        rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
+        step = self._step(rows[0])
+        owned = step.owner == owner and step.status == "started"
+        if owned and event is not None:
+            yield from self.append(event)
+        return Claim(step, owned)
+
+    def complete(
+        self, scope: str, step_key: str, *, owner: str, result: Any, event: EventSpec | None
+    ) -> Operation[bool]:
+        """Record a step's result; False if the step was not ours to finish."""
+        rtype, rdata = self.dump(result)
+        yield Query(self.sql.COMPLETE_STEP, (now(), rtype, rdata, scope, step_key, owner))
+        rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
+        done = bool(rows) and rows[0][9] == owner and rows[0][6] == "completed"
+        if done and event is not None:
+            yield from self.append(event)
+        return done
+
+    def fail(
+        self, scope: str, step_key: str, *, owner: str, error: str, event: EventSpec | None
+    ) -> Operation[None]:
+        """Record that a step raised: its outcome is known (it reported failure)."""
+        yield Query(self.sql.FAIL_STEP, (now(), error, scope, step_key, owner))
+        if event is not None:
+            yield from self.append(event)
+        return None
+
+    def release(self, scope: str, step_key: str, *, owner: str) -> Operation[None]:
+        """Forget a claim whose call never began its effect (it paused for an interrupt)."""
+        yield Query(self.sql.RELEASE_STEP, (scope, step_key, owner))
+        return None
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get_step(self, scope: str, step_key: str) -> Operation[Step | None]:
+        rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
+        return self._step(rows[0]) if rows else None
+
+    def get_run(self, run_id: str) -> Operation[Run | None]:
+        rows = yield Query(self.sql.SELECT_RUN, (run_id,), fetch=True)
+        return self._run(rows[0]) if rows else None
+
+    def runs(
+        self, *, status: str | None = None, framework: str | None = None, limit: int | None = None
+    ) -> Operation[list[Run]]:
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if framework is not None:
+            where.append("framework = ?")
+            params.append(framework)
+        sql = self.sql.SELECT_RUNS
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY updated_at DESC, run_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        rows = yield Query(sql, tuple(params), fetch=True)
+        return [self._run(r) for r in rows]
+
+    def events(self, run_id: str, *, after: int = 0) -> Operation[list[Event]]:
+        rows = yield Query(self.sql.SELECT_EVENTS, (run_id, after), fetch=True)
+        return [self._event(r) for r in rows]
+
+    def steps(
+        self,
+        *,
+        run_id: str | None = None,
+        scope: str | None = None,
+        status: Sequence[str] | None = None,
+    ) -> Operation[list[Step]]:
+        where: list[str] = []
+        params: list[Any] = []
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if scope is not None:
+            where.append("scope = ?")
+            params.append(scope)
+        if status:
+            where.append(f"status IN ({in_list(len(status))})")
+            params.extend(status)
+        sql = self.sql.SELECT_STEPS
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY started_at, step_key"
+        rows = yield Query(sql, tuple(params), fetch=True)
+        return [self._step(r) for r in rows]
+
+
+class Journal:
+    """The journal of one database, reached through a saver on it.
+
+    Every method exists in a sync and an async (``a``-prefixed) form; either works with
+    either kind of saver (a sync saver's journal runs async calls in a worker thread; an
+    async saver's journal takes sync calls from threads other than its event loop's).
+    """
+
+    def __init__(self, saver: Any) -> None:
+        self.saver = saver
+        self.ops = JournalOps(saver)
+
+    def _sync(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        return cast(T, self.saver.run_op(make_op, write))
+
+    async def _async(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        return cast(T, await self.saver.arun_op(make_op, write))
+
+    # writes
+    def start_run(self, run_id: str, *, framework: str, **kwargs: Any) -> None:
+        """Create or restart a run (see :meth:`JournalOps.start_run`)."""
+        self._sync(lambda: self.ops.start_run(run_id, framework=framework, **kwargs), True)
+
+    async def astart_run(self, run_id: str, *, framework: str, **kwargs: Any) -> None:
+        await self._async(lambda: self.ops.start_run(run_id, framework=framework, **kwargs), True)
+
+    def set_run_status(self, run_id: str, status: RunStatus, *, error: str | None = None) -> None:
+        """Record a run's status."""
+        self._sync(lambda: self.ops.set_run_status(run_id, status, error=error), True)
+
+    async def aset_run_status(
+        self, run_id: str, status: RunStatus, *, error: str | None = None
+    ) -> None:
+        await self._async(lambda: self.ops.set_run_status(run_id, status, error=error), True)
+
+    def append(self, event: EventSpec) -> int:
+        """Append an event; returns its ``seq``."""
+        return self._sync(lambda: self.ops.append(event), True)
+
+    async def aappend(self, event: EventSpec) -> int:
+        return await self._async(lambda: self.ops.append(event), True)
+
+    # reads
+    def get_step(self, scope: str, step_key: str) -> Step | None:
+        """One step of the ledger."""
+        return self._sync(lambda: self.ops.get_step(scope, step_key), False)
+
+    async def aget_step(self, scope: str, step_key: str) -> Step | None:
+        return await self._async(lambda: self.ops.get_step(scope, step_key), False)
+
+    def get_run(self, run_id: str) -> Run | None:
+        """One run."""
+        return self._sync(lambda: self.ops.get_run(run_id), False)
+
+    async def aget_run(self, run_id: str) -> Run | None:
+        return await self._async(lambda: self.ops.get_run(run_id), False)
+
+    def runs(self, **kwargs: Any) -> builtins.list[Run]:
+        """Runs, most recently updated first (filters: ``status``, ``framework``, ``limit``)."""
+        return self._sync(lambda: self.ops.runs(**kwargs), False)
+
+    async def aruns(self, **kwargs: Any) -> builtins.list[Run]:
+        return await self._async(lambda: self.ops.runs(**kwargs), False)
+
+    def events(self, run_id: str, *, after: int = 0) -> builtins.list[Event]:
+        """A run's events in order (those with ``seq > after``)."""
+        return self._sync(lambda: self.ops.events(run_id, after=after), False)
+
+    async def aevents(self, run_id: str, *, after: int = 0) -> builtins.list[Event]:
+        return await self._async(lambda: self.ops.events(run_id, after=after), False)
+
+    def steps(self, **kwargs: Any) -> builtins.list[Step]:
+        """Ledger rows (filters: ``run_id``, ``scope``, ``status``)."""
+        return self._sync(lambda: self.ops.steps(**kwargs), False)
+
+    async def asteps(self, **kwargs: Any) -> builtins.list[Step]:
+        return await self._async(lambda: self.ops.steps(**kwargs), False)
+
+    def run_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        """Run any journal operation synchronously (used by the effect wrappers)."""
+        return self._sync(make_op, write)
+
+    async def arun_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+        """Run any journal operation asynchronously (used by the effect wrappers)."""
+        return await self._async(make_op, write)
+
+
+@contextmanager
+def connect(url: str, **kwargs: Any) -> Iterator[Journal]:
+    """Open the journal of a database for reading (and writing): a SQLite path or
+    ``sqlite:///`` URL, or a ``postgresql://`` URL (needs ``agentcheck[postgres]``).
+
+    ```python
+    with agentcheck.connect("agent.db") as journal:
+        for run in journal.runs():
+            print(run.run_id, run.status)
+    ```
+    """
+    if url.startswith(("postgresql://", "postgres://")):
+        from agentcheck.savers.postgres import PostgresSaver
+
+        with PostgresSaver.from_conn_string(url, pool_size=2, **kwargs) as pg:
+            yield pg.journal
+    else:
+        from agentcheck.savers.sqlite import SqliteSaver
+
+        with SqliteSaver.from_conn_string(url, **kwargs) as lite:
+            yield lite.journal

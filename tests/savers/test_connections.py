@@ -1,0 +1,258 @@
+"""PostgreSQL connections that break: server restarts and killed backends.
+
+A saver on a pool detects a broken connection, replaces it and carries on, whether the
+pool is agentcheck's own (``from_conn_string``) or one the user made (without a health
+check, with any row factory). A saver on a single connection cannot reconnect; its error
+says to use a pool.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from agentcheck.savers import AsyncPostgresSaver, PostgresSaver
+
+# --------------------------------------------------------------------------- helpers
+
+
+def other_backends(pg_url: str) -> set[int]:
+    """Pids of the server processes connected to this database, except the asker's."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def terminate_other_backends(pg_url: str) -> set[int]:
+    """Kill every other backend of this database and wait until they are gone."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, pg_terminate_backend(pid, 30000) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    assert all(ok for _pid, ok in rows), rows
+    return {pid for pid, _ok in rows}
+
+
+def new_checkpoint(value: str, version: int) -> dict[str, Any]:
+    return generate_checkpoint(channel_values={"x": value}, channel_versions={"x": version})
+
+
+def child_config(config: dict[str, Any]) -> dict[str, Any]:
+    return {"configurable": dict(config["configurable"])}
+
+
+def check_sync_saver_recovers(saver: PostgresSaver, break_connections: Any) -> set[int]:
+    """Put, break every connection, then read and write again; returns the killed pids
+    (empty when the breaker does not report them)."""
+    thread = f"recover-{uuid.uuid4()}"
+    first = new_checkpoint("before", 1)
+    cfg = saver.put(generate_config(thread), first, {"step": 1}, {"x": 1})
+    saver.put_writes(cfg, [("x", "pending")], "task")
+
+    killed = break_connections() or set()
+
+    got = saver.get_tuple(cfg)
+    assert got is not None
+    assert got.checkpoint["channel_values"] == {"x": "before"}
+    assert got.pending_writes == [("task", "x", "pending")]
+    second = new_checkpoint("after", 2)
+    cfg2 = saver.put(child_config(cfg), second, {"step": 2}, {"x": 2})
+    latest = saver.get_tuple(generate_config(thread))
+    assert latest is not None and latest.checkpoint["id"] == second["id"]
+    assert latest.parent_config is not None
+    assert latest.parent_config["configurable"]["checkpoint_id"] == first["id"]
+    assert [t.checkpoint["id"] for t in saver.list(generate_config(thread))] == [
+        second["id"],
+        first["id"],
+    ]
+    assert cfg2["configurable"]["checkpoint_id"] == second["id"]
+    return killed
+
+
+async def check_async_saver_recovers(saver: AsyncPostgresSaver, break_connections: Any) -> set[int]:
+    """The async twin of :func:`check_sync_saver_recovers`."""
+    thread = f"recover-{uuid.uuid4()}"
+    first = new_checkpoint("before", 1)
+    cfg = await saver.aput(generate_config(thread), first, {"step": 1}, {"x": 1})
+    await saver.aput_writes(cfg, [("x", "pending")], "task")
+
+    killed = break_connections() or set()
+
+    got = await saver.aget_tuple(cfg)
+    assert got is not None
+    assert got.checkpoint["channel_values"] == {"x": "before"}
+    assert got.pending_writes == [("task", "x", "pending")]
+    second = new_checkpoint("after", 2)
+    await saver.aput(child_config(cfg), second, {"step": 2}, {"x": 2})
+    latest = await saver.aget_tuple(generate_config(thread))
+    assert latest is not None and latest.checkpoint["id"] == second["id"]
+    assert [t.checkpoint["id"] async for t in saver.alist(generate_config(thread))] == [
+        second["id"],
+        first["id"],
+    ]
+    return killed
+
+
+@contextmanager
+def user_pool(pg_url: str, **kwargs: Any) -> Iterator[ConnectionPool]:
+    """A pool the way users make one: psycopg_pool defaults (4 connections, no check=)."""
+    pool = ConnectionPool(pg_url, open=False, **kwargs)
+    pool.open(wait=True, timeout=30)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@asynccontextmanager
+async def async_user_pool(pg_url: str, **kwargs: Any) -> AsyncIterator[AsyncConnectionPool]:
+    pool = AsyncConnectionPool(pg_url, open=False, **kwargs)
+    await pool.open(wait=True, timeout=30)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+# --------------------------------------------------------------------------- 1. server restart
+
+
+def test_from_conn_string_pool_survives_server_restart(pg_server: Any, pg_url: str) -> None:
+    with PostgresSaver.from_conn_string(pg_url) as saver:
+        saver.setup()
+        check_sync_saver_recovers(saver, pg_server.restart)
+
+
+async def test_async_from_conn_string_pool_survives_server_restart(
+    pg_server: Any, pg_url: str
+) -> None:
+    async with AsyncPostgresSaver.from_conn_string(pg_url) as saver:
+        await saver.setup()
+        await check_async_saver_recovers(saver, pg_server.restart)
+
+
+def test_user_pool_without_check_survives_server_restart(pg_server: Any, pg_url: str) -> None:
+    with user_pool(pg_url) as pool:
+        assert pool.get_stats().get("pool_available", 0) > 1  # several idle connections to break
+        saver = PostgresSaver(pool)
+        saver.setup()
+        check_sync_saver_recovers(saver, pg_server.restart)
+
+
+def test_user_pool_with_dict_row_factory_works(pg_url: str) -> None:
+    for autocommit in (False, True):
+        kwargs = {"row_factory": dict_row, "autocommit": autocommit}
+        with user_pool(pg_url, kwargs=kwargs, min_size=1, max_size=2) as pool:
+            saver = PostgresSaver(pool)
+            saver.setup()
+            thread = f"dict-row-{uuid.uuid4()}"
+            first = new_checkpoint("one", 1)
+            cfg = saver.put(generate_config(thread), first, {"who": thread}, {"x": 1})
+            saver.put_writes(cfg, [("x", "pending")], "task")
+            second = new_checkpoint("two", 2)
+            saver.put(child_config(cfg), second, {"who": thread}, {"x": 2})
+
+            got = saver.get_tuple(cfg)
+            assert got is not None
+            assert got.checkpoint["channel_values"] == {"x": "one"}
+            assert got.metadata["who"] == thread
+            assert got.pending_writes == [("task", "x", "pending")]
+            listed = list(saver.list(None, filter={"who": thread}))
+            assert [t.checkpoint["id"] for t in listed] == [second["id"], first["id"]]
+            assert listed[0].checkpoint["channel_values"] == {"x": "two"}
+            saver.delete_thread(thread)
+            assert saver.get_tuple(generate_config(thread)) is None
+            # The pool's own connections keep their row factory.
+            with pool.connection() as conn:
+                assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
+# --------------------------------------------------------------------------- 2. single connection
+
+
+def test_single_connection_broken_by_restart_says_to_use_a_pool(
+    pg_server: Any, pg_url: str
+) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        saver = PostgresSaver(conn)
+        saver.setup()
+        cfg = saver.put(generate_config("single"), new_checkpoint("v", 1), {}, {"x": 1})
+        pg_server.restart()
+        with pytest.raises(psycopg.OperationalError) as excinfo:
+            saver.get_tuple(cfg)
+    message = str(excinfo.value)
+    assert "single connection" in message
+    assert "psycopg_pool.ConnectionPool" in message
+    assert "from_conn_string" in message
+
+
+async def test_async_single_connection_broken_by_restart_says_to_use_a_pool(
+    pg_server: Any, pg_url: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        cfg = await saver.aput(generate_config("single"), new_checkpoint("v", 1), {}, {"x": 1})
+        pg_server.restart()
+        with pytest.raises(psycopg.OperationalError) as excinfo:
+            await saver.aget_tuple(cfg)
+    message = str(excinfo.value)
+    assert "single connection" in message
+    assert "psycopg_pool.AsyncConnectionPool" in message
+    assert "from_conn_string" in message
+
+
+# --------------------------------------------------------------------------- 3. killed backends
+
+
+def _killer(pg_url: str) -> Any:
+    def kill() -> set[int]:
+        killed = terminate_other_backends(pg_url)
+        assert killed  # the pool had connections to kill
+        return killed
+
+    return kill
+
+
+def test_from_conn_string_pool_survives_killed_backends(pg_url: str) -> None:
+    with PostgresSaver.from_conn_string(pg_url) as saver:
+        saver.setup()
+        killed = check_sync_saver_recovers(saver, _killer(pg_url))
+        current = other_backends(pg_url)
+        assert current and not killed & current  # the pool's connections are new ones
+
+
+async def test_async_from_conn_string_pool_survives_killed_backends(pg_url: str) -> None:
+    async with AsyncPostgresSaver.from_conn_string(pg_url) as saver:
+        await saver.setup()
+        killed = await check_async_saver_recovers(saver, _killer(pg_url))
+        current = other_backends(pg_url)
+        assert current and not killed & current
+
+
+def test_user_pool_without_check_survives_killed_backends(pg_url: str) -> None:
+    with user_pool(pg_url) as pool:
+        saver = PostgresSaver(pool)
+        saver.setup()
+        killed = check_sync_saver_recovers(saver, _killer(pg_url))
+        assert len(killed) > 1  # several idle pooled connections were broken
+
+
+async def test_async_user_pool_without_check_survives_killed_backends(pg_url: str) -> None:
+    async with async_user_pool(pg_url) as pool:
+        saver = AsyncPostgresSaver(pool)
+        await saver.setup()
+        killed = await check_async_saver_recovers(saver, _killer(pg_url))
+        assert len(killed) > 1  # several idle pooled connections were broken

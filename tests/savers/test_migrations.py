@@ -1,0 +1,345 @@
+"""Schema set-up and migrations: idempotent, refuses a newer schema, works inside a
+caller's transaction, and is safe when several processes set up one database at once."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config
+
+from agentcheck import SchemaVersionError
+from agentcheck.backends import postgres as pg_backend
+from agentcheck.backends import sqlite as sqlite_backend
+from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
+
+from savers_support import KINDS, is_async, is_postgres, open_saver
+
+TABLES = {
+    "agentcheck_schema",
+    "agentcheck_checkpoints",
+    "agentcheck_blobs",
+    "agentcheck_writes",
+    "agentcheck_metadata_terms",
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def migrations_of(kind: str) -> tuple[tuple[str, ...], ...]:
+    return pg_backend.MIGRATIONS if is_postgres(kind) else sqlite_backend.MIGRATIONS
+
+
+def raw_sql(
+    kind: str, sqlite_path: str, pg_url: str, sql: str, params: tuple[Any, ...] = ()
+) -> list[tuple[Any, ...]]:
+    """Run one statement on a separate, plain connection (``?`` placeholders); commit."""
+    if is_postgres(kind):
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            cur = conn.execute(sql.replace("?", "%s"), params)
+            return cur.fetchall() if cur.description else []
+    conn = sqlite3.connect(sqlite_path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def schema_versions(kind: str, sqlite_path: str, pg_url: str) -> list[int]:
+    """Every recorded version, duplicates included, in order."""
+    rows = raw_sql(
+        kind, sqlite_path, pg_url, "SELECT version FROM agentcheck_schema ORDER BY version"
+    )
+    return [int(r[0]) for r in rows]
+
+
+def existing_tables(kind: str, sqlite_path: str, pg_url: str) -> set[str]:
+    if is_postgres(kind):
+        sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+    else:
+        sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
+    return {r[0] for r in raw_sql(kind, sqlite_path, pg_url, sql)}
+
+
+@asynccontextmanager
+async def open_without_setup(kind: str, *, sqlite_path: str, pg_url: str) -> AsyncIterator[Any]:
+    """A saver of ``kind`` on which setup() has not been called."""
+    if kind == "sqlite":
+        with SqliteSaver.from_conn_string(sqlite_path) as saver:
+            yield saver
+    elif kind == "postgres":
+        with PostgresSaver.from_conn_string(pg_url) as saver:
+            yield saver
+    elif kind == "async_sqlite":
+        async with AsyncSqliteSaver.from_conn_string(sqlite_path) as saver:
+            yield saver
+    else:
+        async with AsyncPostgresSaver.from_conn_string(pg_url) as saver:
+            yield saver
+
+
+async def call(kind: str, saver: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``saver.<method>`` through the sync API of sync savers, the async API of async ones."""
+    if is_async(kind):
+        return await getattr(saver, "a" + method)(*args, **kwargs)
+    return getattr(saver, method)(*args, **kwargs)
+
+
+async def setup(kind: str, saver: Any) -> None:
+    if is_async(kind):
+        await saver.setup()
+    else:
+        saver.setup()
+
+
+# --------------------------------------------------------------------------- 1. idempotent
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_setup_twice_is_idempotent_and_records_each_version_once(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    expected = list(range(1, len(migrations_of(kind)) + 1))
+    assert expected  # there is at least one migration to record
+    thread = f"setup-{uuid.uuid4()}"
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        assert schema_versions(kind, sqlite_path, pg_url) == expected
+        cp = generate_checkpoint(channel_values={"x": 1}, channel_versions={"x": 1})
+        cfg = await call(kind, saver, "put", generate_config(thread), cp, {}, {"x": 1})
+
+        await setup(kind, saver)
+        await setup(kind, saver)
+        assert schema_versions(kind, sqlite_path, pg_url) == expected
+        got = await call(kind, saver, "get_tuple", cfg)
+        assert got is not None and got.checkpoint["channel_values"] == {"x": 1}
+
+    # A second saver on the same, already set-up database changes nothing either.
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as again:
+        assert schema_versions(kind, sqlite_path, pg_url) == expected
+        got = await call(kind, again, "get_tuple", cfg)
+        assert got is not None and got.checkpoint["id"] == cp["id"]
+    assert TABLES <= existing_tables(kind, sqlite_path, pg_url)
+
+
+# --------------------------------------------------------------------------- 2. newer schema
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_schema_newer_than_code_raises_schema_version_error(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url):
+        pass
+    raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "INSERT INTO agentcheck_schema (version, applied_at) VALUES (?, ?)",
+        (999, "2099-01-01T00:00:00+00:00"),
+    )
+
+    async with open_without_setup(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        with pytest.raises(SchemaVersionError) as excinfo:
+            await setup(kind, saver)
+        message = str(excinfo.value)
+        assert "999" in message
+        assert "upgrade" in message.lower()
+
+    # First use without an explicit setup() refuses the database the same way.
+    async with open_without_setup(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        with pytest.raises(SchemaVersionError) as excinfo:
+            await call(kind, saver, "get_tuple", generate_config("any-thread"))
+        assert "999" in str(excinfo.value)
+        cp = generate_checkpoint()
+        with pytest.raises(SchemaVersionError):
+            await call(kind, saver, "put", generate_config("any-thread"), cp, {}, {})
+
+    # Nothing was written and the newer version is left as it was.
+    assert raw_sql(kind, sqlite_path, pg_url, "SELECT COUNT(*) FROM agentcheck_checkpoints") == [
+        (0,)
+    ]
+    assert schema_versions(kind, sqlite_path, pg_url)[-1] == 999
+
+
+# ----------------------------------------------------------------- 3. inside a transaction
+
+
+def _sqlite_user_connection(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("CREATE TABLE user_rows (name TEXT NOT NULL)")
+    return conn
+
+
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_sqlite_setup_inside_open_transaction_leaves_the_outcome_to_the_caller(
+    outcome: str, sqlite_path: str
+) -> None:
+    conn = _sqlite_user_connection(sqlite_path)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO user_rows (name) VALUES ('mine')")
+        saver = SqliteSaver(conn)
+        saver.setup()
+        assert conn.in_transaction  # agentcheck did not commit or end the caller's transaction
+        cp = generate_checkpoint(channel_values={"x": "v"}, channel_versions={"x": 1})
+        cfg = saver.put(generate_config("in-tx"), cp, {}, {"x": 1})
+        assert saver.get_tuple(cfg) is not None  # visible inside the transaction
+        assert conn.in_transaction
+        conn.execute(outcome.upper())
+    finally:
+        conn.close()
+
+    rows = raw_sql("sqlite", sqlite_path, "", "SELECT name FROM user_rows")
+    if outcome == "rollback":
+        assert rows == []
+        assert "agentcheck_checkpoints" not in existing_tables("sqlite", sqlite_path, "")
+    else:
+        assert rows == [("mine",)]
+        assert TABLES <= existing_tables("sqlite", sqlite_path, "")
+        assert schema_versions("sqlite", sqlite_path, "") == list(
+            range(1, len(sqlite_backend.MIGRATIONS) + 1)
+        )
+        with SqliteSaver.from_conn_string(sqlite_path) as reader:
+            got = reader.get_tuple(generate_config("in-tx"))
+            assert got is not None and got.checkpoint["channel_values"] == {"x": "v"}
+
+
+class _UserAbort(Exception):
+    pass
+
+
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_postgres_setup_inside_open_transaction_leaves_the_outcome_to_the_caller(
+    outcome: str, pg_url: str
+) -> None:
+    thread = f"in-tx-{uuid.uuid4()}"
+    cp = generate_checkpoint(channel_values={"x": "v"}, channel_versions={"x": 1})
+    with psycopg.connect(pg_url, autocommit=False) as conn:
+        conn.execute("CREATE TABLE user_rows (name TEXT NOT NULL)")
+        conn.commit()
+        try:
+            with conn.transaction():
+                conn.execute("INSERT INTO user_rows (name) VALUES ('mine')")
+                saver = PostgresSaver(conn)
+                saver.setup()
+                cfg = saver.put(generate_config(thread), cp, {"k": "v"}, {"x": 1})
+                got = saver.get_tuple(cfg)
+                assert got is not None and got.checkpoint["channel_values"] == {"x": "v"}
+                assert [t.checkpoint["id"] for t in saver.list(None, filter={"k": "v"})] == [
+                    cp["id"]
+                ]
+                if outcome == "rollback":
+                    raise _UserAbort
+        except _UserAbort:
+            pass
+        assert not conn.closed and not conn.broken
+
+    rows = raw_sql("postgres", "", pg_url, "SELECT name FROM user_rows")
+    if outcome == "rollback":
+        assert rows == []
+        assert "agentcheck_checkpoints" not in existing_tables("postgres", "", pg_url)
+    else:
+        assert rows == [("mine",)]
+        assert TABLES <= existing_tables("postgres", "", pg_url)
+        with PostgresSaver.from_conn_string(pg_url) as reader:
+            got = reader.get_tuple(generate_config(thread))
+            assert got is not None and got.checkpoint["id"] == cp["id"]
+
+
+async def test_async_postgres_setup_inside_open_transaction_works(pg_url: str) -> None:
+    thread = f"in-tx-{uuid.uuid4()}"
+    cp = generate_checkpoint(channel_values={"x": "v"}, channel_versions={"x": 1})
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=False) as conn:
+        async with conn.transaction():
+            await conn.execute("CREATE TABLE user_rows (name TEXT NOT NULL)")
+            await conn.execute("INSERT INTO user_rows (name) VALUES ('mine')")
+            saver = AsyncPostgresSaver(conn)
+            await saver.setup()
+            cfg = await saver.aput(generate_config(thread), cp, {}, {"x": 1})
+            got = await saver.aget_tuple(cfg)
+            assert got is not None and got.checkpoint["channel_values"] == {"x": "v"}
+    assert raw_sql("postgres", "", pg_url, "SELECT name FROM user_rows") == [("mine",)]
+    async with AsyncPostgresSaver.from_conn_string(pg_url) as reader:
+        got = await reader.aget_tuple(generate_config(thread))
+        assert got is not None and got.checkpoint["id"] == cp["id"]
+
+
+# --------------------------------------------------------------------------- 4. two processes
+
+# Each worker opens its saver, says "ready", then blocks reading its stdin. All workers
+# share one pipe as stdin, so closing its write end releases them at the same moment.
+_WORKER = """
+import sys
+kind, target = sys.argv[1], sys.argv[2]
+if kind == "sqlite":
+    from agentcheck.savers import SqliteSaver as Saver
+else:
+    from agentcheck.savers import PostgresSaver as Saver
+with Saver.from_conn_string(target) as saver:
+    print("ready", flush=True)
+    sys.stdin.read()
+    saver.setup()
+    print("done", flush=True)
+"""
+
+WORKERS = 2
+
+
+def _setup_from_processes_at_once(kind: str, target: str) -> None:
+    read_fd, write_fd = os.pipe()
+    procs = []
+    try:
+        for _ in range(WORKERS):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _WORKER, kind, target],
+                    stdin=read_fd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        os.close(read_fd)
+        read_fd = -1
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.strip() == "ready", proc.communicate(timeout=60)
+        os.close(write_fd)  # the barrier: every worker's read() returns now
+        write_fd = -1
+        results = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (out, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err
+        assert out.strip() == "done", (out, err)
+
+
+def test_two_processes_set_up_a_fresh_sqlite_file_at_once(sqlite_path: str) -> None:
+    _setup_from_processes_at_once("sqlite", sqlite_path)
+    assert schema_versions("sqlite", sqlite_path, "") == list(
+        range(1, len(sqlite_backend.MIGRATIONS) + 1)
+    )
+    assert TABLES <= existing_tables("sqlite", sqlite_path, "")
+
+
+def test_two_processes_set_up_a_fresh_postgres_database_at_once(pg_url: str) -> None:
+    _setup_from_processes_at_once("postgres", pg_url)
+    assert schema_versions("postgres", "", pg_url) == list(range(1, len(pg_backend.MIGRATIONS) + 1))
+    assert TABLES <= existing_tables("postgres", "", pg_url)

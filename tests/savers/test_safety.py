@@ -1,0 +1,682 @@
+"""Safety of what the savers store and read back, on real SQLite files and PostgreSQL.
+
+* values of types not on the msgpack allowlist are refused when written, and nothing
+  of the refused checkpoint is stored;
+* stored pickles, or msgpack naming an arbitrary callable, are never executed;
+* one corrupt row is reported precisely and does not make other threads unreadable;
+* hostile metadata keys and values are stored and filtered as plain data;
+* with an encryption key, no secret is findable in the raw database files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import pickle
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import ormsgpack
+import psycopg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config
+from langgraph.checkpoint.serde import jsonplus
+
+from agentcheck import CorruptDataError, UnsafeTypeError, generate_key
+from agentcheck.savers import PostgresSaver, SqliteSaver
+
+from savers_support import KINDS, is_async, is_postgres, open_saver
+
+TABLES = (
+    "agentcheck_schema",
+    "agentcheck_checkpoints",
+    "agentcheck_blobs",
+    "agentcheck_writes",
+    "agentcheck_metadata_terms",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A key in the environment would silently encrypt the "unencrypted" savers.
+    monkeypatch.delenv("AGENTCHECK_ENCRYPTION_KEY", raising=False)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+async def call(kind: str, saver: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``saver.<method>`` through the sync API of sync savers, the async API of async ones."""
+    if is_async(kind):
+        return await getattr(saver, "a" + method)(*args, **kwargs)
+    return getattr(saver, method)(*args, **kwargs)
+
+
+async def list_all(kind: str, saver: Any, config: Any, **kwargs: Any) -> list[Any]:
+    if is_async(kind):
+        return [t async for t in saver.alist(config, **kwargs)]
+    return list(saver.list(config, **kwargs))
+
+
+def raw_sql(
+    kind: str, sqlite_path: str, pg_url: str, sql: str, params: tuple[Any, ...] = ()
+) -> list[tuple[Any, ...]]:
+    """Run one statement on a separate, plain connection (``?`` placeholders); commit."""
+    if is_postgres(kind):
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            cur = conn.execute(sql.replace("?", "%s"), params)
+            return cur.fetchall() if cur.description else []
+    conn = sqlite3.connect(sqlite_path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def existing_tables(kind: str, sqlite_path: str, pg_url: str) -> set[str]:
+    if is_postgres(kind):
+        rows = raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'",
+        )
+    else:
+        rows = raw_sql(kind, sqlite_path, pg_url, "SELECT name FROM sqlite_master")
+    return {r[0] for r in rows}
+
+
+def checkpoint_with(values: dict[str, Any], versions: dict[str, Any]) -> dict[str, Any]:
+    return generate_checkpoint(channel_values=values, channel_versions=versions)
+
+
+def child_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config to put the next checkpoint of a thread with (parent = ``config``)."""
+    return {"configurable": dict(config["configurable"])}
+
+
+# --------------------------------------------------------------------------- 1. unknown types
+
+
+@dataclasses.dataclass
+class Unlisted:
+    """A user type that is not on the msgpack allowlist."""
+
+    label: str
+    count: int
+
+
+class Mood(enum.Enum):
+    CALM = "calm"
+    GRUMPY = "grumpy"
+
+
+UNLISTED_VALUES: dict[str, tuple[type, Callable[[], Any]]] = {
+    "dataclass": (Unlisted, lambda: Unlisted(label="x", count=3)),
+    "enum": (Mood, lambda: Mood.GRUMPY),
+}
+
+
+@pytest.mark.parametrize("value_kind", sorted(UNLISTED_VALUES))
+@pytest.mark.parametrize("kind", KINDS)
+async def test_unknown_type_fails_on_write_and_stores_nothing(
+    kind: str, value_kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    cls, make = UNLISTED_VALUES[value_kind]
+    qualified = f"{cls.__module__}.{cls.__name__}"
+    thread = f"unknown-{uuid.uuid4()}"
+    fresh_thread = f"fresh-{uuid.uuid4()}"
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        first = checkpoint_with({"x": "fine"}, {"x": 1})
+        first_cfg = await call(kind, saver, "put", generate_config(thread), first, {}, {"x": 1})
+
+        bad = checkpoint_with({"x": make()}, {"x": 2})
+        with pytest.raises(UnsafeTypeError) as excinfo:
+            await call(kind, saver, "put", child_config(first_cfg), bad, {}, {"x": 2})
+        message = str(excinfo.value)
+        assert qualified in message
+        assert "allowed_types" in message
+
+        # The thread still ends at the first checkpoint; the refused one does not exist.
+        latest = await call(kind, saver, "get_tuple", generate_config(thread))
+        assert latest is not None
+        assert latest.checkpoint["id"] == first["id"]
+        assert latest.checkpoint["channel_values"] == {"x": "fine"}
+        bad_cfg = generate_config(thread, checkpoint_id=bad["id"])
+        assert await call(kind, saver, "get_tuple", bad_cfg) is None
+        assert [
+            t.checkpoint["id"] for t in await list_all(kind, saver, generate_config(thread))
+        ] == [first["id"]]
+
+        # A refused first checkpoint of a thread leaves the thread empty.
+        with pytest.raises(UnsafeTypeError):
+            await call(kind, saver, "put", generate_config(fresh_thread), bad, {}, {"x": 2})
+        assert await call(kind, saver, "get_tuple", generate_config(fresh_thread)) is None
+
+        # Pending writes are checked too, also when the value is nested.
+        with pytest.raises(UnsafeTypeError) as excinfo:
+            await call(kind, saver, "put_writes", first_cfg, [("w", {"deep": [make()]})], "task")
+        assert qualified in str(excinfo.value)
+        latest = await call(kind, saver, "get_tuple", generate_config(thread))
+        assert latest is not None and latest.pending_writes == []
+
+    stored = raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "SELECT COUNT(*) FROM agentcheck_blobs WHERE thread_id IN (?, ?) AND version = ?",
+        (thread, fresh_thread, "2"),
+    )
+    assert stored == [(0,)]
+    stored = raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "SELECT COUNT(*) FROM agentcheck_checkpoints WHERE thread_id IN (?, ?)",
+        (thread, fresh_thread),
+    )
+    assert stored == [(1,)]
+    stored = raw_sql(kind, sqlite_path, pg_url, "SELECT COUNT(*) FROM agentcheck_writes")
+    assert stored == [(0,)]
+
+    # Allowed explicitly, the same value round-trips.
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, allowed_types=[cls]
+    ) as allowing:
+        value = make()
+        good = checkpoint_with({"x": value}, {"x": 2})
+        good_cfg = await call(kind, allowing, "put", child_config(first_cfg), good, {}, {"x": 2})
+        await call(kind, allowing, "put_writes", good_cfg, [("w", {"deep": [make()]})], "task")
+        got = await call(kind, allowing, "get_tuple", generate_config(thread))
+        assert got is not None
+        assert got.checkpoint["id"] == good["id"]
+        assert type(got.checkpoint["channel_values"]["x"]) is cls
+        assert got.checkpoint["channel_values"]["x"] == value
+        assert got.pending_writes == [("task", "w", {"deep": [make()]})]
+
+
+# --------------------------------------------------------------------------- 2. no code execution
+
+
+class _CreatesFileWhenUnpickled:
+    """Unpickling this opens (so creates) a file: a stand-in for arbitrary code."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (self.path, "w"))
+
+
+def _malicious_pickle(marker: Path) -> bytes:
+    return pickle.dumps(_CreatesFileWhenUnpickled(marker))
+
+
+def test_malicious_pickle_payload_really_executes_when_unpickled(tmp_path: Path) -> None:
+    """Control for the no-pickle tests: the payload does create its file if unpickled."""
+    marker = tmp_path / "control-marker"
+    pickle.loads(_malicious_pickle(marker)).close()
+    assert marker.exists()
+
+
+PICKLE_TARGETS = {
+    "blob": "UPDATE agentcheck_blobs SET type = ?, blob = ? WHERE thread_id = ?",
+    "write": "UPDATE agentcheck_writes SET type = ?, blob = ? WHERE thread_id = ?",
+}
+
+
+@pytest.mark.parametrize("target", sorted(PICKLE_TARGETS))
+@pytest.mark.parametrize("kind", KINDS)
+async def test_pickle_row_is_never_unpickled(
+    kind: str, target: str, sqlite_path: str, pg_url: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / f"pwned-{kind}-{target}"
+    thread = f"pickle-{uuid.uuid4()}"
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        cp = checkpoint_with({"x": "harmless"}, {"x": 1})
+        cfg = await call(kind, saver, "put", generate_config(thread), cp, {}, {"x": 1})
+        await call(kind, saver, "put_writes", cfg, [("w", "harmless")], "task")
+        assert (await call(kind, saver, "get_tuple", cfg)) is not None
+
+        raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            PICKLE_TARGETS[target],
+            ("pickle", _malicious_pickle(marker), thread),
+        )
+
+        with pytest.raises(CorruptDataError) as excinfo:
+            await call(kind, saver, "get_tuple", cfg)
+        assert "pickle" in str(excinfo.value)
+        with pytest.raises(CorruptDataError):
+            await list_all(kind, saver, generate_config(thread))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_msgpack_naming_an_unlisted_callable_does_not_call_it(
+    kind: str, sqlite_path: str, pg_url: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned-msgpack"
+    # LangGraph's msgpack extension "call module.name(arg)", naming builtins.open.
+    payload = ormsgpack.packb(
+        ormsgpack.Ext(
+            jsonplus.EXT_CONSTRUCTOR_POS_ARGS,
+            ormsgpack.packb(("builtins", "open", [str(marker), "w"])),
+        )
+    )
+    thread = f"msgpack-{uuid.uuid4()}"
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        cp = checkpoint_with({"x": "harmless"}, {"x": 1})
+        cfg = await call(kind, saver, "put", generate_config(thread), cp, {}, {"x": 1})
+        raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            PICKLE_TARGETS["blob"],
+            ("msgpack", payload, thread),
+        )
+        try:
+            got = await call(kind, saver, "get_tuple", cfg)
+        except CorruptDataError:
+            pass  # refusing the row outright is fine too
+        else:
+            assert got is not None
+            assert not hasattr(got.checkpoint["channel_values"].get("x"), "write")
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- 3. corrupt data
+
+GARBAGE = b"\xc1\xc1 this is not msgpack \xff\x00"
+
+CORRUPT_TARGETS = {
+    "checkpoint": "UPDATE agentcheck_checkpoints SET checkpoint = ? WHERE thread_id = ?",
+    "metadata": "UPDATE agentcheck_checkpoints SET metadata = ? WHERE thread_id = ?",
+    "blob": "UPDATE agentcheck_blobs SET blob = ? WHERE thread_id = ?",
+    "write": "UPDATE agentcheck_writes SET blob = ? WHERE thread_id = ?",
+}
+
+
+@pytest.mark.parametrize("target", sorted(CORRUPT_TARGETS))
+@pytest.mark.parametrize("kind", KINDS)
+async def test_corrupt_row_raises_corrupt_data_error_and_other_threads_stay_readable(
+    kind: str, target: str, sqlite_path: str, pg_url: str
+) -> None:
+    broken_thread = f"broken-{uuid.uuid4()}"
+    healthy_thread = f"healthy-{uuid.uuid4()}"
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        configs = {}
+        checkpoints = {}
+        for thread in (broken_thread, healthy_thread):
+            cp = checkpoint_with({"x": f"value of {thread}"}, {"x": 1})
+            cfg = await call(
+                kind, saver, "put", generate_config(thread), cp, {"owner": thread}, {"x": 1}
+            )
+            await call(kind, saver, "put_writes", cfg, [("w", f"write of {thread}")], "task")
+            configs[thread], checkpoints[thread] = cfg, cp
+
+        changed = raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            CORRUPT_TARGETS[target] + " RETURNING thread_id",
+            (GARBAGE, broken_thread),
+        )
+        assert changed == [(broken_thread,)]
+
+        with pytest.raises(CorruptDataError) as excinfo:
+            await call(kind, saver, "get_tuple", generate_config(broken_thread))
+        message = str(excinfo.value)
+        assert broken_thread in message
+        assert checkpoints[broken_thread]["id"] in message
+
+        got = await call(kind, saver, "get_tuple", generate_config(healthy_thread))
+        assert got is not None
+        assert got.checkpoint["id"] == checkpoints[healthy_thread]["id"]
+        assert got.checkpoint["channel_values"] == {"x": f"value of {healthy_thread}"}
+        assert got.metadata["owner"] == healthy_thread
+        assert got.pending_writes == [("task", "w", f"write of {healthy_thread}")]
+        listed = await list_all(kind, saver, generate_config(healthy_thread))
+        assert [t.checkpoint["id"] for t in listed] == [checkpoints[healthy_thread]["id"]]
+        assert listed[0].checkpoint["channel_values"] == {"x": f"value of {healthy_thread}"}
+        filtered = await list_all(kind, saver, None, filter={"owner": healthy_thread})
+        assert [t.checkpoint["id"] for t in filtered] == [checkpoints[healthy_thread]["id"]]
+
+
+# --------------------------------------------------------------------------- 4. hostile metadata
+
+HOSTILE_STRINGS = [
+    "'; DROP TABLE agentcheck_checkpoints; --",
+    "'); DELETE FROM agentcheck_metadata_terms; --",
+    "' OR '1'='1",
+    '" OR ""="',
+    "'",
+    "''",
+    '"',
+    "\\",
+    "\\'",
+    "?",
+    "??",
+    "%s",
+    "%(name)s",
+    "%%",
+    "%",
+    "_",
+    "*",
+    "$1",
+    "$$",
+    "--",
+    "/*",
+    "*/",
+    ";",
+    ":name",
+    "@p1",
+    "{}",
+    "[]",
+    "null",
+    "=",
+    '["x"]=1',
+    '"]=',
+    "\u202e\u200b\ufeff",
+    "\U0001f4a5\U0001f600",
+    "\u00e9t\u00e9 \u4e2d\u6587 \u05e2\u05d1\u05e8\u05d9\u05ea",
+    "\u2028\u2029\r\n\t",
+    "\x01\x1f\x7f",
+    "",
+]
+
+# Keys LangGraph gives a meaning to (or drops) when storing metadata.
+_RESERVED_KEYS = {"writes", "thread_id", "checkpoint_ns", "checkpoint_id"}
+
+_plain_text = st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=40)
+_long_text = st.one_of(
+    # incompressible: what a long prompt or document id looks like to the database
+    st.binary(min_size=1000, max_size=3000).map(bytes.hex),
+    st.builds(lambda s, n: s * n, st.sampled_from(HOSTILE_STRINGS[:10]), st.integers(200, 800)),
+)
+hostile_text = st.one_of(st.sampled_from(HOSTILE_STRINGS), _plain_text, _long_text)
+hostile_keys = st.one_of(st.sampled_from(HOSTILE_STRINGS), _plain_text).filter(
+    lambda k: k not in _RESERVED_KEYS
+)
+_leaves = st.one_of(
+    hostile_text,
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=False),
+)
+hostile_values = st.recursive(
+    _leaves,
+    lambda children: st.one_of(
+        st.dictionaries(hostile_keys, children, max_size=3),
+        st.lists(children, max_size=3),
+    ),
+    max_leaves=6,
+)
+
+
+def contains(stored: Any, wanted: Any) -> bool:
+    """Whether metadata value ``stored`` matches filter value ``wanted`` (containment for
+    non-empty mappings, equality otherwise)."""
+    if isinstance(wanted, Mapping) and wanted:
+        return isinstance(stored, Mapping) and all(
+            k in stored and contains(stored[k], v) for k, v in wanted.items()
+        )
+    return bool(stored == wanted)
+
+
+def check_hostile_metadata(saver: Any, key: str, value: Any) -> None:
+    thread = f"hostile-{uuid.uuid4()}"
+    sentinel = f"sentinel-{uuid.uuid4()}"
+    other_key = f"other:{key}"
+    matching = checkpoint_with({}, {})
+    cfg = saver.put(generate_config(thread), matching, {key: value}, {})
+    wrong_value = checkpoint_with({}, {})
+    cfg = saver.put(child_config(cfg), wrong_value, {key: sentinel}, {})
+    wrong_key = checkpoint_with({}, {})
+    saver.put(child_config(cfg), wrong_key, {other_key: value}, {})
+
+    found = list(saver.list(generate_config(thread), filter={key: value}))
+    assert [t.checkpoint["id"] for t in found] == [matching["id"]]
+    assert found[0].metadata[key] == value
+
+    everywhere = list(saver.list(None, filter={key: value}))
+    assert matching["id"] in {t.checkpoint["id"] for t in everywhere}
+    assert all(contains(t.metadata.get(key), value) for t in everywhere)
+
+    assert [t.checkpoint["id"] for t in saver.list(generate_config(thread))] == [
+        wrong_key["id"],
+        wrong_value["id"],
+        matching["id"],
+    ]
+
+
+def run_hostile_metadata(saver: Any) -> None:
+    @settings(max_examples=50, deadline=None)
+    @given(key=hostile_keys, value=hostile_values)
+    def check(key: str, value: Any) -> None:
+        check_hostile_metadata(saver, key, value)
+
+    check()
+
+
+def test_hostile_metadata_is_stored_and_filtered_as_data_sqlite(sqlite_path: str) -> None:
+    with SqliteSaver.from_conn_string(sqlite_path) as saver:
+        saver.setup()
+        run_hostile_metadata(saver)
+        assert set(TABLES) <= existing_tables("sqlite", sqlite_path, "")
+        cfg = saver.put(generate_config("after"), checkpoint_with({}, {}), {"k": "v"}, {})
+        assert saver.get_tuple(cfg) is not None
+
+
+def test_hostile_metadata_is_stored_and_filtered_as_data_postgres(pg_url: str) -> None:
+    with PostgresSaver.from_conn_string(pg_url) as saver:
+        saver.setup()
+        run_hostile_metadata(saver)
+        assert set(TABLES) <= existing_tables("postgres", "", pg_url)
+        cfg = saver.put(generate_config("after"), checkpoint_with({}, {}), {"k": "v"}, {})
+        assert saver.get_tuple(cfg) is not None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_long_incompressible_metadata_value_is_stored_and_filterable(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A metadata value of a few KB (a prompt, a document) must not break put or filters."""
+    value = os.urandom(2000).hex()  # 4000 characters that do not compress
+    thread = f"long-{uuid.uuid4()}"
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        cp = checkpoint_with({}, {})
+        await call(kind, saver, "put", generate_config(thread), cp, {"prompt": value}, {})
+        found = await list_all(kind, saver, None, filter={"prompt": value})
+        assert [t.checkpoint["id"] for t in found] == [cp["id"]]
+        assert found[0].metadata["prompt"] == value
+
+
+# --------------------------------------------------------------------------- 5. encryption at rest
+
+
+@dataclasses.dataclass
+class Secrets:
+    channel: str
+    big: str
+    write: str
+    meta: str
+    run_id: str
+
+    @classmethod
+    def new(cls) -> Secrets:
+        tag = uuid.uuid4().hex
+        return cls(
+            channel=f"SECRET-CHANNEL-{tag}-{uuid.uuid4().hex}",
+            big=f"SECRET-BIG-{tag}-{uuid.uuid4().hex}",
+            write=f"SECRET-WRITE-{tag}-{uuid.uuid4().hex}",
+            meta=f"SECRET-META-{tag}-{uuid.uuid4().hex}",
+            run_id=f"SECRET-RUN-{tag}-{uuid.uuid4().hex}",
+        )
+
+    def all(self) -> dict[str, bytes]:
+        return {name: value.encode() for name, value in dataclasses.asdict(self).items()}
+
+
+def big_value(secret: str) -> str:
+    # > 2048 bytes, so it is compressed with the default threshold; random hex so that
+    # PostgreSQL's own TOAST compression leaves it (and its secret) readable in the
+    # unencrypted control.
+    return secret + " " + os.urandom(3000).hex()
+
+
+async def store_secrets(kind: str, saver: Any, thread: str, secrets: Secrets) -> dict[str, Any]:
+    big = big_value(secrets.big)
+    cp = checkpoint_with({"notes": secrets.channel, "big": big}, {"notes": 1, "big": 1})
+    metadata = {"source": "input", "step": 1, "secret": secrets.meta, "run_id": secrets.run_id}
+    cfg = await call(
+        kind, saver, "put", generate_config(thread), cp, metadata, {"notes": 1, "big": 1}
+    )
+    await call(kind, saver, "put_writes", cfg, [("notes", secrets.write)], "task-1")
+    return {"config": cfg, "checkpoint": cp, "big": big}
+
+
+async def check_secrets_read_back(
+    kind: str, saver: Any, thread: str, secrets: Secrets, stored: dict[str, Any]
+) -> None:
+    got = await call(kind, saver, "get_tuple", generate_config(thread))
+    assert got is not None
+    assert got.checkpoint["id"] == stored["checkpoint"]["id"]
+    assert got.checkpoint["channel_values"] == {"notes": secrets.channel, "big": stored["big"]}
+    assert got.pending_writes == [("task-1", "notes", secrets.write)]
+    assert got.metadata["secret"] == secrets.meta
+    assert got.metadata["run_id"] == secrets.run_id
+    by_secret = await list_all(kind, saver, None, filter={"secret": secrets.meta})
+    assert [t.checkpoint["id"] for t in by_secret] == [stored["checkpoint"]["id"]]
+    by_run = await list_all(kind, saver, None, filter={"run_id": secrets.run_id})
+    assert [t.checkpoint["id"] for t in by_run] == [stored["checkpoint"]["id"]]
+    assert await list_all(kind, saver, None, filter={"secret": secrets.meta + "x"}) == []
+
+
+def _files_under(root: Path) -> Iterator[Path]:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            yield Path(dirpath) / name
+
+
+def secrets_found_on_disk(
+    kind: str, sqlite_path: str, pg_url: str, pg_server: Any, secrets: Secrets
+) -> set[str]:
+    """Names of the secrets that occur verbatim in the database's files."""
+    if is_postgres(kind):
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        files = list(_files_under(pg_server.data_dir))
+    else:
+        files = [Path(sqlite_path + suffix) for suffix in ("", "-wal")]
+    wanted = secrets.all()
+    found: set[str] = set()
+    for path in files:
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            continue  # a temporary file that went away, or no -wal after a clean close
+        found.update(name for name, secret in wanted.items() if secret in data)
+    return found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_encrypted_secrets_are_not_in_the_raw_database(
+    kind: str, sqlite_path: str, pg_url: str, pg_server: Any
+) -> None:
+    secrets = Secrets.new()
+    thread = f"encrypted-{uuid.uuid4()}"
+    key = generate_key()
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key) as s:
+        stored = await store_secrets(kind, s, thread, secrets)
+        await check_secrets_read_back(kind, s, thread, secrets, stored)
+
+    # Every stored payload is encrypted, the large one compressed first.
+    types = raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "SELECT type, metadata_type FROM agentcheck_checkpoints WHERE thread_id = ?",
+        (thread,),
+    )
+    assert types == [("msgpack+aes", "msgpack+aes")]
+    blob_types = raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "SELECT channel, type FROM agentcheck_blobs WHERE thread_id = ?",
+        (thread,),
+    )
+    assert dict(blob_types) == {"notes": "msgpack+aes", "big": "msgpack+z+aes"}
+    write_types = raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "SELECT type FROM agentcheck_writes WHERE thread_id = ?",
+        (thread,),
+    )
+    assert write_types == [("msgpack+aes",)]
+    terms = raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "SELECT term FROM agentcheck_metadata_terms WHERE thread_id = ?",
+        (thread,),
+    )
+    assert terms and all(t.startswith("h:") for (t,) in terms)
+
+    assert secrets_found_on_disk(kind, sqlite_path, pg_url, pg_server, secrets) == set()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_unencrypted_secrets_are_in_the_raw_database_control(
+    kind: str, sqlite_path: str, pg_url: str, pg_server: Any
+) -> None:
+    """Control for the test above: the same scan does find the secrets when unencrypted."""
+    secrets = Secrets.new()
+    thread = f"plain-{uuid.uuid4()}"
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, compress_threshold=10**9
+    ) as saver:
+        stored = await store_secrets(kind, saver, thread, secrets)
+        await check_secrets_read_back(kind, saver, thread, secrets, stored)
+    assert secrets_found_on_disk(kind, sqlite_path, pg_url, pg_server, secrets) == set(
+        secrets.all()
+    )
+
+
+@pytest.mark.parametrize("reader_key", ["wrong_key", "no_key"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_reading_encrypted_rows_without_the_right_key_raises(
+    kind: str, reader_key: str, sqlite_path: str, pg_url: str
+) -> None:
+    secrets = Secrets.new()
+    thread = f"encrypted-{uuid.uuid4()}"
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=generate_key()
+    ) as saver:
+        stored = await store_secrets(kind, saver, thread, secrets)
+
+    kwargs = {"encryption_key": generate_key()} if reader_key == "wrong_key" else {}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, **kwargs) as reader:
+        with pytest.raises(CorruptDataError) as excinfo:
+            await call(kind, reader, "get_tuple", generate_config(thread))
+        message = str(excinfo.value)
+        assert thread in message
+        assert stored["checkpoint"]["id"] in message
+        assert "encryption_key" in message
+        with pytest.raises(CorruptDataError):
+            await call(kind, reader, "get_tuple", stored["config"])
+        # Filters are keyed too: the wrong key's terms match nothing.
+        if reader_key == "wrong_key":
+            assert await list_all(kind, reader, None, filter={"secret": secrets.meta}) == []
