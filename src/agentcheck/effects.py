@@ -346,7 +346,9 @@ def protocol(
                         step_key,
                         owner=owner,
                         result=value,
-                        event=event("end", name=f"{spec.name} ({action} by a human)", payload=value),
+                        event=event(
+                            "end", name=f"{spec.name} ({action} by a human)", payload=value
+                        ),
                     )
                 )
                 return value, key

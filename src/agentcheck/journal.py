@@ -310,8 +310,19 @@ class JournalOps:
         atype, adata = self.dump(args)
         yield Query(
             self.sql.CLAIM_STEP,
-            (scope, step_key, run_id, kind, name, effect, idempotency_key, owner, now(), atype,
-             adata),  # fmt: skip
+            (
+                scope,
+                step_key,
+                run_id,
+                kind,
+                name,
+                effect,
+                idempotency_key,
+                owner,
+                now(),
+                atype,
+                adata,
+            ),  # fmt: skip
         )
         rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         step = self._step(rows[0])

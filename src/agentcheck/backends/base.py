@@ -237,7 +237,6 @@ class SQL:
         "WHERE thread_id = ? ON CONFLICT DO NOTHING",
     )
 
-
     # -- journal: runs, events, steps ---------------------------------------------------
     START_RUN = (
         "INSERT INTO agentcheck_runs (run_id, framework, name, thread_id, status, attempt, "
@@ -315,6 +314,7 @@ class SQL:
         "DELETE FROM agentcheck_steps "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
+
 
 # Migration 1, written once for both databases; ``{blob}`` is the binary column type.
 _V1 = (

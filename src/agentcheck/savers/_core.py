@@ -37,9 +37,11 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME
 
 from agentcheck._errors import CorruptDataError
 from agentcheck.backends.base import SQL, Operation, Query, Rows, in_list
+from agentcheck.journal import EventSpec, JournalOps
 from agentcheck.serde import Codec, SafeSerializer
 
 __all__ = ["SaverCore"]
@@ -52,6 +54,14 @@ _CHUNK = 200  # keys per IN (...) list, well under every database's parameter li
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def _node_name(task_path: str) -> str | None:
+    """The node of a task path such as ``~__pregel_pull, agent`` (pull tasks only)."""
+    parts = [p.strip() for p in task_path.lstrip("~").split(",")]
+    if len(parts) >= 2 and parts[0] == "__pregel_pull":
+        return parts[1]
+    return None
 
 
 def _canonical(value: Any) -> str:
@@ -86,6 +96,8 @@ class SaverCore(BaseCheckpointSaver[str]):
             pending writes, metadata) with AES-256-GCM; needs ``agentcheck[encryption]``.
             Defaults to the ``AGENTCHECK_ENCRYPTION_KEY`` environment variable.
         compress_threshold: payloads of at least this many bytes are compressed.
+        journal_nodes: record runs and node events of the graphs using this saver in the
+            journal (docs/journal.md), in the same transaction as their checkpoints.
     """
 
     sql: type[SQL] = SQL
@@ -97,9 +109,15 @@ class SaverCore(BaseCheckpointSaver[str]):
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
         compress_threshold: int = 2048,
+        journal_nodes: bool = True,
     ) -> None:
         super().__init__(serde=serde or SafeSerializer(allowed_types=allowed_types))
         self.codec = Codec(encryption_key=encryption_key, compress_threshold=compress_threshold)
+        self.journal_nodes = journal_nodes
+        self.journal_ops = JournalOps(self)
+        # Run status per thread as this saver last wrote it: a run is (re)started in the
+        # journal on its first checkpoint in this process and after it paused or ended.
+        self._run_status: dict[str, tuple[str, str | None]] = {}
 
     # -- encoding -------------------------------------------------------------------
 
@@ -179,6 +197,8 @@ class SaverCore(BaseCheckpointSaver[str]):
         yield Query(self.sql.DELETE_TERMS_OF, key)
         if terms:
             yield Query(self.sql.INSERT_TERM, terms, many=True)
+        if self.journal_nodes and not ns:
+            yield from self._journal_checkpoint(thread_id, checkpoint_id, meta, values)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -212,6 +232,82 @@ class SaverCore(BaseCheckpointSaver[str]):
         special = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         statement = self.sql.UPSERT_WRITE if special else self.sql.INSERT_WRITE_IF_ABSENT
         yield Query(statement, rows, many=True)
+        if self.journal_nodes:
+            yield from self._journal_task(thread_id, ns, checkpoint_id, task_id, task_path, writes)
+        return None
+
+    # -- the journal of graph runs ------------------------------------------------------
+
+    def _journal_checkpoint(
+        self,
+        thread_id: str,
+        checkpoint_id: str,
+        meta: Mapping[str, Any],
+        values: Mapping[str, Any],
+    ) -> Operation[None]:
+        """A root checkpoint: (re)start the thread's run or end it when nothing is next.
+
+        The run starts on new input, on the first checkpoint this process writes for the
+        thread (a resume after a crash) and on the first checkpoint after it paused or
+        ended. With ``durability="async"`` the checkpoint a task paused at may be written
+        after the pause itself, so that one does not count as a restart.
+        """
+        status, paused_at = self._run_status.get(thread_id, (None, None))
+        if (
+            status is None
+            or meta.get("source") == "input"
+            or (status != "running" and checkpoint_id != paused_at)
+        ):
+            yield from self.journal_ops.start_run(
+                thread_id, framework="langgraph", thread_id=thread_id
+            )
+            status = "running"
+            self._run_status[thread_id] = (status, None)
+        if (
+            status == "running"
+            and meta.get("source") == "loop"
+            and not any(ch.startswith("branch:to:") or ch == "__pregel_tasks" for ch in values)
+        ):
+            # No node is triggered and no task is pending: the graph has finished.
+            yield from self.journal_ops.set_run_status(thread_id, "succeeded")
+            self._run_status[thread_id] = ("succeeded", checkpoint_id)
+        return None
+
+    def _journal_task(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        task_path: str,
+        writes: Sequence[tuple[str, Any]],
+    ) -> Operation[None]:
+        """A task's writes: it ended, failed or paused for an interrupt."""
+        channels = {channel for channel, _ in writes}
+        if ERROR in channels:
+            phase, status = "error", "failed"
+        elif INTERRUPT in channels:
+            phase, status = "interrupt", "interrupted"
+        elif channels <= {RESUME}:
+            # A resume value arriving: the run goes on (Command(resume=...)).
+            if not ns:
+                yield from self.journal_ops.start_run(
+                    thread_id, framework="langgraph", thread_id=thread_id
+                )
+                self._run_status[thread_id] = ("running", None)
+            return None
+        else:
+            phase, status = "end", None
+        error = next((repr(v) for c, v in writes if c == ERROR), None)
+        name = _node_name(task_path) or task_id
+        yield from self.journal_ops.append(
+            EventSpec(
+                thread_id, "task" if ns else "node", phase, name=name, step_key=task_id, error=error
+            )  # fmt: skip
+        )
+        if status is not None and not ns:
+            yield from self.journal_ops.set_run_status(thread_id, status, error=error)  # type: ignore[arg-type]
+            self._run_status[thread_id] = (status, checkpoint_id)
         return None
 
     # -- reads ----------------------------------------------------------------------

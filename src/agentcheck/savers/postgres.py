@@ -33,7 +33,7 @@ class PostgresSaver(SyncSaver):
         conn: a psycopg ``Connection`` or, recommended, a ``psycopg_pool.ConnectionPool``
             (broken connections are then replaced and the operation retried). Any
             ``row_factory`` and autocommit setting works.
-        serde, allowed_types, encryption_key, compress_threshold: see
+        serde, allowed_types, encryption_key, compress_threshold, journal_nodes: see
             :class:`~agentcheck.savers._core.SaverCore`.
     """
 
@@ -48,12 +48,14 @@ class PostgresSaver(SyncSaver):
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
         compress_threshold: int = 2048,
+        journal_nodes: bool = True,
     ) -> None:
         super().__init__(
             serde=serde,
             allowed_types=allowed_types,
             encryption_key=encryption_key,
             compress_threshold=compress_threshold,
+            journal_nodes=journal_nodes,
         )
         self.conn = conn
         self._runner = backend.SyncRunner(conn)
@@ -109,12 +111,14 @@ class AsyncPostgresSaver(AsyncSaver):
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
         compress_threshold: int = 2048,
+        journal_nodes: bool = True,
     ) -> None:
         super().__init__(
             serde=serde,
             allowed_types=allowed_types,
             encryption_key=encryption_key,
             compress_threshold=compress_threshold,
+            journal_nodes=journal_nodes,
         )
         self.conn = conn
         self._runner = backend.AsyncRunner(conn)

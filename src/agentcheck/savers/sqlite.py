@@ -32,7 +32,7 @@ class SqliteSaver(SyncSaver):
         conn: a ``sqlite3.Connection``. Create it with ``check_same_thread=False`` if
             the graph runs nodes in threads. Connections opened by
             :meth:`from_conn_string` use WAL and ``synchronous=FULL``.
-        serde, allowed_types, encryption_key, compress_threshold: see
+        serde, allowed_types, encryption_key, compress_threshold, journal_nodes: see
             :class:`~agentcheck.savers._core.SaverCore`.
     """
 
@@ -47,12 +47,14 @@ class SqliteSaver(SyncSaver):
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
         compress_threshold: int = 2048,
+        journal_nodes: bool = True,
     ) -> None:
         super().__init__(
             serde=serde,
             allowed_types=allowed_types,
             encryption_key=encryption_key,
             compress_threshold=compress_threshold,
+            journal_nodes=journal_nodes,
         )
         self.conn = conn
         self.lock = threading.RLock()
@@ -96,12 +98,14 @@ class AsyncSqliteSaver(AsyncSaver):
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
         compress_threshold: int = 2048,
+        journal_nodes: bool = True,
     ) -> None:
         super().__init__(
             serde=serde,
             allowed_types=allowed_types,
             encryption_key=encryption_key,
             compress_threshold=compress_threshold,
+            journal_nodes=journal_nodes,
         )
         self.conn = conn
         self._bind_loop()

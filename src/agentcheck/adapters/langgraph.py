@@ -1,0 +1,383 @@
+"""LangGraph glue: where a wrapped call runs, tool-call ids, and durable model calls.
+
+Nothing needs configuring: inside a graph compiled with an agentcheck saver, LangGraph's
+runtime config names the saver (``__pregel_checkpointer``), the thread, the checkpoint
+namespace and the task; the task id is derived from the parent checkpoint, so a node
+executed again from the same checkpoint (crash resume, interrupt resume, retry) gets the
+same id and its calls get the same step keys.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from contextvars import ContextVar
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.callbacks.manager import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableBinding
+from langchain_core.tracers.context import register_configure_hook
+from langgraph.config import get_config
+from langgraph.errors import GraphBubbleUp
+from langgraph.types import interrupt
+
+from agentcheck.effects import (
+    CallContext,
+    EffectSpec,
+    attempt_counters,
+    drive_async,
+    drive_sync,
+    protocol,
+    register_resolver,
+    resolve_context,
+)
+from agentcheck.savers.base import AsyncSaver, SyncSaver
+
+__all__ = ["DurableChatModel", "durable_model", "langgraph_context"]
+
+
+class _ToolCallIds(BaseCallbackHandler):
+    """Remembers the tool-call id of each running tool, by the tool's run id.
+
+    LangChain gives a tool's callbacks the model's tool-call id but not the tool's
+    function; a wrapped function finds its own through the run id of its parent run.
+    """
+
+    run_inline = True
+    raise_error = False
+    ignore_llm = True
+    ignore_chain = True
+    ignore_retriever = True
+    ignore_chat_model = True
+    ignore_custom_event = True
+    ignore_retry = True
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.ids: OrderedDict[UUID, str] = OrderedDict()
+        self.size = size
+        self.lock = threading.Lock()
+
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any],
+        input_str: str,
+        *,
+        run_id: UUID,
+        **kwargs: Any,
+    ) -> None:
+        tool_call_id = kwargs.get("tool_call_id")
+        if tool_call_id:
+            with self.lock:
+                self.ids[run_id] = str(tool_call_id)
+                while len(self.ids) > self.size:
+                    self.ids.popitem(last=False)
+
+    def _forget(self, run_id: UUID) -> None:
+        with self.lock:
+            self.ids.pop(run_id, None)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._forget(run_id)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._forget(run_id)
+
+    def lookup(self, run_id: UUID | None) -> str | None:
+        if run_id is None:
+            return None
+        with self.lock:
+            return self.ids.get(run_id)
+
+
+_tool_call_ids = _ToolCallIds()
+# A configure hook whose variable always holds the handler: LangChain adds it to every
+# callback manager, so every tool run reports its tool-call id.
+_hook_var: ContextVar[_ToolCallIds | None] = ContextVar(
+    "agentcheck_tool_call_ids", default=_tool_call_ids
+)
+register_configure_hook(_hook_var, inheritable=True)
+
+
+def langgraph_context() -> CallContext | None:
+    """The :class:`~agentcheck.effects.CallContext` of the LangGraph task running now,
+    or None outside a graph or in a graph without an agentcheck saver."""
+    try:
+        config = get_config()
+    except RuntimeError:
+        return None
+    conf = config.get("configurable") or {}
+    saver = conf.get("__pregel_checkpointer")
+    thread_id = conf.get("thread_id")
+    if not isinstance(saver, (SyncSaver, AsyncSaver)) or thread_id is None:
+        return None
+    task_id = conf.get("__pregel_task_id", "")
+    ns = conf.get("checkpoint_ns", "")
+    # The scratchpad is replaced for each attempt of a task (LangGraph retries), so
+    # ordinals restart with each attempt, as the node's code does.
+    scratchpad = conf.get("__pregel_scratchpad")
+    counters = attempt_counters.counters_for(scratchpad) if scratchpad is not None else {}
+    callbacks = config.get("callbacks")
+    parent_run_id = getattr(callbacks, "parent_run_id", None)
+    return CallContext(
+        journal=saver.journal,
+        scope=str(thread_id),
+        key_prefix=f"{ns}|{task_id}",
+        run_id=str(thread_id),
+        call_id=_tool_call_ids.lookup(parent_run_id),
+        counters=counters,
+        ask=interrupt,
+    )
+
+
+register_resolver(langgraph_context, pause_errors=(GraphBubbleUp,))
+
+
+# -- durable model calls ------------------------------------------------------------------
+
+
+def _record(result: ChatResult) -> dict[str, Any]:
+    return {
+        "messages": [g.message for g in result.generations],
+        "generation_info": [g.generation_info for g in result.generations],
+        "llm_output": result.llm_output,
+    }
+
+
+def _replay(recorded: Any) -> ChatResult:
+    if not isinstance(recorded, dict) or "messages" not in recorded:
+        raise TypeError(f"the recorded model call cannot be replayed: {recorded!r:.200}")
+    infos = recorded.get("generation_info") or [None] * len(recorded["messages"])
+    return ChatResult(
+        generations=[
+            ChatGeneration(message=m, generation_info=i)
+            for m, i in zip(recorded["messages"], infos, strict=False)
+        ],
+        llm_output=recorded.get("llm_output"),
+    )
+
+
+def _usage(result: ChatResult) -> tuple[int | None, int | None]:
+    tin = tout = None
+    for g in result.generations:
+        usage = getattr(g.message, "usage_metadata", None)
+        if usage:
+            tin = (tin or 0) + int(usage.get("input_tokens", 0))
+            tout = (tout or 0) + int(usage.get("output_tokens", 0))
+    return tin, tout
+
+
+class DurableChatModel(BaseChatModel):
+    """A chat model whose calls are journaled and, when a task runs again, replayed.
+
+    Replays cost no tokens and return the very message recorded, with the same tool-call
+    ids, which is what keeps the step keys of the tools it calls stable. Outside a graph
+    with an agentcheck saver it simply calls the wrapped model.
+    """
+
+    inner: BaseChatModel
+
+    @property
+    def _llm_type(self) -> str:
+        return f"agentcheck-durable:{self.inner._llm_type}"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"inner": self.inner._identifying_params}
+
+    def _spec(self) -> EffectSpec:
+        return EffectSpec(
+            name=self.inner._llm_type, effect="idempotent", on_unknown="retry",
+            reconcile=None, kind="llm",
+        )  # fmt: skip
+
+    def _protocol(
+        self, ctx: CallContext, messages: list[BaseMessage]
+    ) -> Generator[Any, Any, tuple[Any, str]]:
+        return protocol(self._spec(), ctx, {"messages": messages})
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        ctx = resolve_context()
+        if ctx is None:
+            return self.inner._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+        def call(_key: str) -> dict[str, Any]:
+            result = self.inner._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+            return _record(result)
+
+        recorded = drive_sync(self._protocol(ctx, messages), ctx, self._spec(), call)
+        return _replay(recorded)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        ctx = resolve_context()
+        if ctx is None:
+            return await self.inner._agenerate(
+                messages, stop=stop, run_manager=run_manager, **kwargs
+            )
+
+        async def call(_key: str) -> dict[str, Any]:
+            result = await self.inner._agenerate(
+                messages, stop=stop, run_manager=run_manager, **kwargs
+            )
+            return _record(result)
+
+        recorded = await drive_async(self._protocol(ctx, messages), ctx, self._spec(), call)
+        return _replay(recorded)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        ctx = resolve_context()
+        if ctx is None:
+            yield from self.inner._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
+            return
+        streamed: list[ChatGenerationChunk] = []
+
+        def call(_key: str) -> dict[str, Any]:
+            total: ChatGenerationChunk | None = None
+            for chunk in self.inner._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
+                streamed.append(chunk)
+                total = chunk if total is None else total + chunk
+            if total is None:
+                raise ValueError("the model streamed nothing")
+            message = _chunk_to_message(total.message)
+            return _record(ChatResult(generations=[ChatGeneration(message=message)]))
+
+        recorded = drive_sync(self._protocol(ctx, messages), ctx, self._spec(), call)
+        # The streaming happened inside the call; a replay yields the recorded message.
+        if streamed:
+            yield from streamed
+        else:
+            yield from _replay_chunks(recorded)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        ctx = resolve_context()
+        if ctx is None:
+            async for chunk in self.inner._astream(
+                messages, stop=stop, run_manager=run_manager, **kwargs
+            ):
+                yield chunk
+            return
+        streamed: list[ChatGenerationChunk] = []
+
+        async def call(_key: str) -> dict[str, Any]:
+            total: ChatGenerationChunk | None = None
+            async for chunk in self.inner._astream(
+                messages, stop=stop, run_manager=run_manager, **kwargs
+            ):
+                streamed.append(chunk)
+                total = chunk if total is None else total + chunk
+            if total is None:
+                raise ValueError("the model streamed nothing")
+            message = _chunk_to_message(total.message)
+            return _record(ChatResult(generations=[ChatGeneration(message=message)]))
+
+        recorded = await drive_async(self._protocol(ctx, messages), ctx, self._spec(), call)
+        for chunk in streamed or list(_replay_chunks(recorded)):
+            yield chunk
+
+    def bind_tools(
+        self,
+        tools: Sequence[Any],
+        *,
+        tool_choice: Any = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools as the wrapped model formats them; calls still go through here."""
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
+        bound = self.inner.bind_tools(tools, **kwargs)
+        if not isinstance(bound, RunnableBinding):
+            raise TypeError(
+                f"{type(self.inner).__name__}.bind_tools returned {type(bound).__name__}, "
+                "not a RunnableBinding; wrap the bound model instead: "
+                "durable_model(model.bind_tools(...)) is not supported, "
+                "durable_model(model).bind_tools(...) is"
+            )
+        return self.bind(**bound.kwargs)
+
+
+def _chunk_to_message(chunk: BaseMessage) -> BaseMessage:
+    if isinstance(chunk, AIMessageChunk):
+        return AIMessage(
+            content=chunk.content,
+            additional_kwargs=chunk.additional_kwargs,
+            response_metadata=chunk.response_metadata,
+            tool_calls=chunk.tool_calls,
+            invalid_tool_calls=chunk.invalid_tool_calls,
+            usage_metadata=chunk.usage_metadata,
+            id=chunk.id,
+        )
+    return chunk
+
+
+def _replay_chunks(recorded: Any) -> Iterator[ChatGenerationChunk]:
+    for generation in _replay(recorded).generations:
+        m = generation.message
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content=m.content,
+                additional_kwargs=m.additional_kwargs,
+                response_metadata=m.response_metadata,
+                tool_call_chunks=[
+                    {
+                        "name": tc["name"],
+                        "args": _json(tc["args"]),
+                        "id": tc["id"],
+                        "index": i,
+                        "type": "tool_call_chunk",
+                    }  # fmt: skip
+                    for i, tc in enumerate(getattr(m, "tool_calls", []) or [])
+                ],
+                usage_metadata=getattr(m, "usage_metadata", None),
+                id=m.id,
+            )
+        )
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)
+
+
+def durable_model(model: BaseChatModel) -> DurableChatModel:
+    """Wrap any LangChain chat model so that its calls inside a graph are journaled and
+    replayed when the task runs again (crash resume, interrupt resume, retry).
+
+    ```python
+    model = durable_model(ChatOpenAI(model="gpt-4o")).bind_tools(tools)
+    ```
+    """
+    if isinstance(model, DurableChatModel):
+        return model
+    return DurableChatModel(inner=model)
