@@ -106,6 +106,8 @@ class CallContext:
         call_id: an id the framework gives this very call (a model's tool-call id).
         counters: per-attempt ordinals of calls by name; must be new for each attempt.
         ask: asks a human and returns the answer (LangGraph: ``interrupt``).
+        framework: when set, the journal run is started (as this framework's) before
+            the first call this process makes in it.
     """
 
     journal: Journal
@@ -115,6 +117,7 @@ class CallContext:
     call_id: str | None = None
     counters: dict[str, int] = field(default_factory=dict)
     ask: Callable[[Any], Any] | None = None
+    framework: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next_key(self, kind: str, name: str) -> str:
@@ -285,6 +288,7 @@ def protocol(
             args=args,
             owner=owner,
             event=event("start", payload=args),
+            ensure_run=ctx.framework,
         )
     )
     step = claim.step

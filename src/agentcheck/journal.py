@@ -301,12 +301,17 @@ class JournalOps:
         args: Any,
         owner: str,
         event: EventSpec | None = None,
+        ensure_run: str | None = None,
     ) -> Operation[Claim]:
         """Start a step unless it exists: one atomic insert on ``(scope, step_key)``.
 
         Returns the stored step and whether this caller owns it. The start event is
-        appended in the same transaction, only when the claim succeeds.
+        appended in the same transaction, only when the claim succeeds. With
+        ``ensure_run`` (a framework name), the run is first started in the journal if
+        this process has not started it yet.
         """
+        if ensure_run is not None and run_id is not None:
+            yield from self.core._ensure_run(run_id, ensure_run)
         atype, adata = self.dump(args)
         yield Query(
             self.sql.CLAIM_STEP,
@@ -447,7 +452,7 @@ class Journal:
 
     def __init__(self, saver: Any) -> None:
         self.saver = saver
-        self.ops = JournalOps(saver)
+        self.ops: JournalOps = saver.journal_ops
 
     def _sync(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
         return cast(T, self.saver.run_op(make_op, write))

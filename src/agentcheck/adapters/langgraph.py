@@ -136,6 +136,7 @@ def langgraph_context() -> CallContext | None:
         call_id=_tool_call_ids.lookup(parent_run_id),
         counters=counters,
         ask=interrupt,
+        framework="langgraph",
     )
 
 

@@ -273,6 +273,15 @@ class SaverCore(BaseCheckpointSaver[str]):
             self._run_status[thread_id] = ("succeeded", checkpoint_id)
         return None
 
+    def _ensure_run(self, run_id: str, framework: str) -> Operation[None]:
+        """Start the run in the journal unless this process already did: called before a
+        wrapped call's first event, so a resumed attempt's events follow its start."""
+        status, _ = self._run_status.get(run_id, (None, None))
+        if status != "running":
+            yield from self.journal_ops.start_run(run_id, framework=framework, thread_id=run_id)
+            self._run_status[run_id] = ("running", None)
+        return None
+
     def _journal_task(
         self,
         thread_id: str,
