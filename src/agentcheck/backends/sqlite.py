@@ -8,6 +8,7 @@ on aiosqlite's worker thread, so an operation costs one thread hop, not one per 
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -31,9 +32,9 @@ MIGRATIONS = portable_migrations("BLOB", "INTEGER PRIMARY KEY")
 #   of the process (agentcheck is about surviving crashes; it costs one more fsync);
 # - busy_timeout makes a second process wait for the write lock instead of failing.
 PRAGMAS = (
+    "PRAGMA busy_timeout=30000",
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=FULL",
-    "PRAGMA busy_timeout=30000",
 )
 
 
@@ -49,7 +50,16 @@ def sqlite_path(conn_string: str) -> tuple[str, bool]:
 def configure(conn: sqlite3.Connection) -> None:
     """Apply :data:`PRAGMAS` to a connection agentcheck owns."""
     for pragma in PRAGMAS:
-        conn.execute(pragma)
+        # Switching a new file to WAL needs an exclusive lock and SQLite may answer BUSY
+        # at once, without waiting, when another process is opening the file too.
+        for attempt in range(100):
+            try:
+                conn.execute(pragma)
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == 99:
+                    raise
+                time.sleep(0.05)
 
 
 def connect(conn_string: str) -> sqlite3.Connection:
