@@ -37,13 +37,13 @@ from agentcheck.adapters import langgraph as _langgraph  # noqa: F401  # isort: 
 __version__ = "0.1.0"
 
 __all__ = [
-    "NOT_DONE",
     "AgentcheckError",
     "Codec",
     "CorruptDataError",
     "Event",
     "Journal",
     "MissingExtraError",
+    "NOT_DONE",
     "Run",
     "SafeSerializer",
     "SchemaVersionError",

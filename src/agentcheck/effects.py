@@ -36,14 +36,14 @@ from agentcheck._errors import AgentcheckError
 from agentcheck.journal import Claim, Effect, EventSpec, Journal, Step, new_owner
 
 __all__ = [
-    "NOT_DONE",
     "CallContext",
+    "NOT_DONE",
     "ToolOutcomeUnknown",
     "UnknownOutcome",
     "current_idempotency_key",
     "effect_scope",
-    "idempotent",
     "idempotency_key_for",
+    "idempotent",
     "register_resolver",
     "side_effect",
 ]
