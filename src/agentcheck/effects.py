@@ -245,6 +245,8 @@ class EffectSpec:
     on_unknown: OnUnknown
     reconcile: Callable[[UnknownOutcome], Any] | None
     kind: str = "tool"
+    # Token usage of a result, for the end event (model calls).
+    usage: Callable[[Any], tuple[int | None, int | None]] | None = None
 
 
 def protocol(
@@ -375,11 +377,9 @@ def protocol(
             )
         )
         raise
-    yield _Db(
-        lambda: ops.complete(
-            ctx.scope, step_key, owner=owner, result=result, event=event("end", payload=result)
-        )
-    )
+    tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
+    end = event("end", payload=result, input_tokens=tokens_in, output_tokens=tokens_out)
+    yield _Db(lambda: ops.complete(ctx.scope, step_key, owner=owner, result=result, event=end))
     return result, key
 
 
@@ -397,34 +397,90 @@ def _parse_answer(answer: Any) -> tuple[str, Any]:
     )
 
 
+@dataclass(frozen=True)
+class Done:
+    """A protocol that finished: the call's result (recorded or fresh)."""
+
+    result: Any
+
+
+class ProtocolRun:
+    """Performs a protocol's journal, reconcile and ask actions, stopping at the call.
+
+    The caller makes the call itself (so a model can stream while it runs) and hands
+    back its value or its exception.
+    """
+
+    def __init__(
+        self, gen: Generator[Action, Any, tuple[Any, str]], ctx: CallContext, spec: EffectSpec
+    ) -> None:
+        self.gen, self.ctx, self.spec = gen, ctx, spec
+
+    def _next(self, value: Any, error: BaseException | None) -> Action | Done:
+        try:
+            return self.gen.throw(error) if error is not None else self.gen.send(value)
+        except StopIteration as stop:
+            return Done(stop.value[0])
+
+    def to_call(self, value: Any = None, error: BaseException | None = None) -> _Call | Done:
+        """Advance synchronously to the call, or to the end."""
+        while True:
+            action = self._next(value, error)
+            if isinstance(action, (_Call, Done)):
+                return action
+            value, error = None, None
+            try:
+                if isinstance(action, _Db):
+                    value = self.ctx.journal.run_op(action.make_op, True)
+                elif isinstance(action, _Reconcile):
+                    assert self.spec.reconcile is not None
+                    value = self.spec.reconcile(action.outcome)
+                else:
+                    assert self.ctx.ask is not None
+                    value = self.ctx.ask(action.payload)
+            except BaseException as exc:  # thrown back into the protocol
+                error = exc
+
+    async def ato_call(self, value: Any = None, error: BaseException | None = None) -> _Call | Done:
+        """Advance to the call, or to the end, awaiting journal I/O and async callables."""
+        while True:
+            action = self._next(value, error)
+            if isinstance(action, (_Call, Done)):
+                return action
+            value, error = None, None
+            try:
+                if isinstance(action, _Db):
+                    value = await self.ctx.journal.arun_op(action.make_op, True)
+                elif isinstance(action, _Reconcile):
+                    assert self.spec.reconcile is not None
+                    value = self.spec.reconcile(action.outcome)
+                    if inspect.isawaitable(value):
+                        value = await value
+                else:
+                    assert self.ctx.ask is not None
+                    value = self.ctx.ask(action.payload)
+            except BaseException as exc:
+                error = exc
+
+
 def drive_sync(
     gen: Generator[Action, Any, tuple[Any, str]],
     ctx: CallContext,
     spec: EffectSpec,
     call: Callable[[str], Any],
 ) -> Any:
-    """Perform a protocol's actions synchronously."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
+    """Run a protocol synchronously; ``call(idempotency_key)`` makes the call."""
+    run = ProtocolRun(gen, ctx, spec)
+    step = run.to_call()
+    if isinstance(step, _Call):
         try:
-            action = gen.throw(error) if error is not None else gen.send(value)
-        except StopIteration as stop:
-            return stop.value[0]
-        value, error = None, None
-        try:
-            if isinstance(action, _Db):
-                value = ctx.journal.run_op(action.make_op, True)
-            elif isinstance(action, _Call):
-                value = call(action.idempotency_key)
-            elif isinstance(action, _Reconcile):
-                assert spec.reconcile is not None
-                value = spec.reconcile(action.outcome)
-            else:
-                assert ctx.ask is not None
-                value = ctx.ask(action.payload)
-        except BaseException as exc:  # thrown back into the protocol
-            error = exc
+            value = call(step.idempotency_key)
+        except BaseException as exc:
+            step = run.to_call(error=exc)  # records the failure and re-raises
+        else:
+            step = run.to_call(value=value)
+    assert isinstance(step, Done)
+    return step.result
 
 
 async def drive_async(
@@ -433,30 +489,18 @@ async def drive_async(
     spec: EffectSpec,
     call: Callable[[str], Any],
 ) -> Any:
-    """Perform a protocol's actions, awaiting journal I/O and async callables."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
+    """Run a protocol asynchronously; ``await call(idempotency_key)`` makes the call."""
+    run = ProtocolRun(gen, ctx, spec)
+    step = await run.ato_call()
+    if isinstance(step, _Call):
         try:
-            action = gen.throw(error) if error is not None else gen.send(value)
-        except StopIteration as stop:
-            return stop.value[0]
-        value, error = None, None
-        try:
-            if isinstance(action, _Db):
-                value = await ctx.journal.arun_op(action.make_op, True)
-            elif isinstance(action, _Call):
-                value = await call(action.idempotency_key)
-            elif isinstance(action, _Reconcile):
-                assert spec.reconcile is not None
-                value = spec.reconcile(action.outcome)
-                if inspect.isawaitable(value):
-                    value = await value
-            else:
-                assert ctx.ask is not None
-                value = ctx.ask(action.payload)
+            value = await call(step.idempotency_key)
         except BaseException as exc:
-            error = exc
+            step = await run.ato_call(error=exc)
+        else:
+            step = await run.ato_call(value=value)
+    assert isinstance(step, Done)
+    return step.result
 
 
 # -- the decorators ----------------------------------------------------------------------

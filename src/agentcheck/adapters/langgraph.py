@@ -33,7 +33,9 @@ from langgraph.types import interrupt
 
 from agentcheck.effects import (
     CallContext,
+    Done,
     EffectSpec,
+    ProtocolRun,
     attempt_counters,
     drive_async,
     drive_sync,
@@ -167,10 +169,11 @@ def _replay(recorded: Any) -> ChatResult:
     )
 
 
-def _usage(result: ChatResult) -> tuple[int | None, int | None]:
+def _usage(recorded: Any) -> tuple[int | None, int | None]:
+    """Tokens of a recorded model call, as the model reported them."""
     tin = tout = None
-    for g in result.generations:
-        usage = getattr(g.message, "usage_metadata", None)
+    for message in recorded.get("messages", []) if isinstance(recorded, dict) else []:
+        usage = getattr(message, "usage_metadata", None)
         if usage:
             tin = (tin or 0) + int(usage.get("input_tokens", 0))
             tout = (tout or 0) + int(usage.get("output_tokens", 0))
@@ -198,7 +201,7 @@ class DurableChatModel(BaseChatModel):
     def _spec(self) -> EffectSpec:
         return EffectSpec(
             name=self.inner._llm_type, effect="idempotent", on_unknown="retry",
-            reconcile=None, kind="llm",
+            reconcile=None, kind="llm", usage=_usage,
         )  # fmt: skip
 
     def _protocol(
@@ -257,24 +260,21 @@ class DurableChatModel(BaseChatModel):
         if ctx is None:
             yield from self.inner._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
             return
-        streamed: list[ChatGenerationChunk] = []
-
-        def call(_key: str) -> dict[str, Any]:
-            total: ChatGenerationChunk | None = None
+        run = ProtocolRun(self._protocol(ctx, messages), ctx, self._spec())
+        step = run.to_call()
+        if isinstance(step, Done):  # recorded: replay the message, no call
+            yield from _replay_chunks(step.result)
+            return
+        total: ChatGenerationChunk | None = None
+        try:
             for chunk in self.inner._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
-                streamed.append(chunk)
+                yield chunk  # streamed live, as it arrives
                 total = chunk if total is None else total + chunk
-            if total is None:
-                raise ValueError("the model streamed nothing")
-            message = _chunk_to_message(total.message)
-            return _record(ChatResult(generations=[ChatGeneration(message=message)]))
-
-        recorded = drive_sync(self._protocol(ctx, messages), ctx, self._spec(), call)
-        # The streaming happened inside the call; a replay yields the recorded message.
-        if streamed:
-            yield from streamed
-        else:
-            yield from _replay_chunks(recorded)
+            recorded = _record_stream(total)
+        except BaseException as exc:
+            run.to_call(error=exc)  # records the failure and re-raises
+            raise
+        run.to_call(value=recorded)
 
     async def _astream(
         self,
@@ -290,23 +290,24 @@ class DurableChatModel(BaseChatModel):
             ):
                 yield chunk
             return
-        streamed: list[ChatGenerationChunk] = []
-
-        async def call(_key: str) -> dict[str, Any]:
-            total: ChatGenerationChunk | None = None
+        run = ProtocolRun(self._protocol(ctx, messages), ctx, self._spec())
+        step = await run.ato_call()
+        if isinstance(step, Done):
+            for chunk in _replay_chunks(step.result):
+                yield chunk
+            return
+        total: ChatGenerationChunk | None = None
+        try:
             async for chunk in self.inner._astream(
                 messages, stop=stop, run_manager=run_manager, **kwargs
             ):
-                streamed.append(chunk)
+                yield chunk
                 total = chunk if total is None else total + chunk
-            if total is None:
-                raise ValueError("the model streamed nothing")
-            message = _chunk_to_message(total.message)
-            return _record(ChatResult(generations=[ChatGeneration(message=message)]))
-
-        recorded = await drive_async(self._protocol(ctx, messages), ctx, self._spec(), call)
-        for chunk in streamed or list(_replay_chunks(recorded)):
-            yield chunk
+            recorded = _record_stream(total)
+        except BaseException as exc:
+            await run.ato_call(error=exc)
+            raise
+        await run.ato_call(value=recorded)
 
     def bind_tools(
         self,
@@ -327,6 +328,13 @@ class DurableChatModel(BaseChatModel):
                 "durable_model(model).bind_tools(...) is"
             )
         return self.bind(**bound.kwargs)
+
+
+def _record_stream(total: ChatGenerationChunk | None) -> dict[str, Any]:
+    if total is None:
+        raise ValueError("the model streamed nothing")
+    message = _chunk_to_message(total.message)
+    return _record(ChatResult(generations=[ChatGeneration(message=message)]))
 
 
 def _chunk_to_message(chunk: BaseMessage) -> BaseMessage:
