@@ -264,7 +264,8 @@ def protocol(
     owner = new_owner()
 
     def event(phase: str, **kw: Any) -> EventSpec:
-        return EventSpec(run_id, spec.kind, phase, name=spec.name, step_key=step_key, **kw)
+        kw.setdefault("name", spec.name)
+        return EventSpec(run_id, spec.kind, phase, step_key=step_key, **kw)
 
     def claim_again(step: Step) -> _Db:
         return _Db(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextvars import ContextVar
@@ -148,7 +149,13 @@ register_resolver(langgraph_context, pause_errors=(GraphBubbleUp,))
 # -- durable model calls ------------------------------------------------------------------
 
 
-def _record(result: ChatResult) -> dict[str, Any]:
+def _record(result: ChatResult, run_id: Any = None) -> dict[str, Any]:
+    # LangChain gives a message without an id one derived from the run id, after we
+    # return it; a replay runs under another run id. Give it its id now, so that the
+    # recorded message and every replay of it carry the same one.
+    for i, generation in enumerate(result.generations):
+        if generation.message.id is None:
+            generation.message.id = f"lc_run--{run_id or uuid.uuid4()}-{i}"
     return {
         "messages": [g.message for g in result.generations],
         "generation_info": [g.generation_info for g in result.generations],
@@ -222,7 +229,7 @@ class DurableChatModel(BaseChatModel):
 
         def call(_key: str) -> dict[str, Any]:
             result = self.inner._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
-            return _record(result)
+            return _record(result, run_manager.run_id if run_manager else None)
 
         recorded = drive_sync(self._protocol(ctx, messages), ctx, self._spec(), call)
         return _replay(recorded)
@@ -244,7 +251,7 @@ class DurableChatModel(BaseChatModel):
             result = await self.inner._agenerate(
                 messages, stop=stop, run_manager=run_manager, **kwargs
             )
-            return _record(result)
+            return _record(result, run_manager.run_id if run_manager else None)
 
         recorded = await drive_async(self._protocol(ctx, messages), ctx, self._spec(), call)
         return _replay(recorded)
@@ -270,7 +277,7 @@ class DurableChatModel(BaseChatModel):
             for chunk in self.inner._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
                 yield chunk  # streamed live, as it arrives
                 total = chunk if total is None else total + chunk
-            recorded = _record_stream(total)
+            recorded = _record_stream(total, run_manager)
         except BaseException as exc:
             run.to_call(error=exc)  # records the failure and re-raises
             raise
@@ -303,7 +310,7 @@ class DurableChatModel(BaseChatModel):
             ):
                 yield chunk
                 total = chunk if total is None else total + chunk
-            recorded = _record_stream(total)
+            recorded = _record_stream(total, run_manager)
         except BaseException as exc:
             await run.ato_call(error=exc)
             raise
@@ -330,11 +337,12 @@ class DurableChatModel(BaseChatModel):
         return self.bind(**bound.kwargs)
 
 
-def _record_stream(total: ChatGenerationChunk | None) -> dict[str, Any]:
+def _record_stream(total: ChatGenerationChunk | None, run_manager: Any) -> dict[str, Any]:
     if total is None:
         raise ValueError("the model streamed nothing")
     message = _chunk_to_message(total.message)
-    return _record(ChatResult(generations=[ChatGeneration(message=message)]))
+    run_id = getattr(run_manager, "run_id", None)
+    return _record(ChatResult(generations=[ChatGeneration(message=message)]), run_id)
 
 
 def _chunk_to_message(chunk: BaseMessage) -> BaseMessage:

@@ -266,7 +266,8 @@ class SaverCore(BaseCheckpointSaver[str]):
         if (
             status == "running"
             and meta.get("source") == "loop"
-            and not any(ch.startswith("branch:to:") or ch == "__pregel_tasks" for ch in values)
+            and not values.get("__pregel_tasks")
+            and not any(ch.startswith("branch:to:") for ch in values)
         ):
             # No node is triggered and no task is pending: the graph has finished.
             yield from self.journal_ops.set_run_status(thread_id, "succeeded")

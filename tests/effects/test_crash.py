@@ -1,0 +1,427 @@
+"""Crash tests with real process kills: a worker process (crash_worker.py) is SIGKILLed at a
+chosen point of a run, and a NEW process resumes the run from the same database.
+
+The external systems (payment provider, email server, LLM provider) are append-only files
+written by the worker, one line per real effect with its idempotency key, so these tests
+count what really happened across processes. Every scenario runs on SQLite and on
+PostgreSQL, except the contrast without agentcheck (official SqliteSaver, plain tools).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentcheck
+from agentcheck.journal import Event, Step
+
+WORKER = Path(__file__).resolve().with_name("crash_worker.py")
+THREAD_ID = "order-1001"  # the worker's thread (journal run id and ledger scope)
+TIMEOUT = 90
+
+
+# -- harness --------------------------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    db: str
+    workdir: Path
+
+    @property
+    def charges(self) -> list[dict[str, Any]]:
+        return _lines(self.workdir / "charges.jsonl")
+
+    @property
+    def receipts(self) -> list[dict[str, Any]]:
+        return _lines(self.workdir / "receipts.jsonl")
+
+    @property
+    def llm_calls(self) -> int:
+        path = self.workdir / "llm_calls.txt"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def steps(self) -> list[Step]:
+        with agentcheck.connect(self.db) as journal:
+            return journal.steps(scope=THREAD_ID)
+
+    def step(self, name: str) -> Step:
+        found = [s for s in self.steps() if s.name == name]
+        assert len(found) == 1, f"expected one {name} step, got {found}"
+        return found[0]
+
+    def events(self) -> list[Event]:
+        with agentcheck.connect(self.db) as journal:
+            return journal.events(THREAD_ID)
+
+    def run_status(self) -> str | None:
+        with agentcheck.connect(self.db) as journal:
+            run = journal.get_run(THREAD_ID)
+        return run.status if run else None
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    """A database (SQLite file or fresh PostgreSQL database) and a work directory."""
+    if request.param == "sqlite":
+        db = str(tmp_path / "agent.db")
+    else:
+        db = request.getfixturevalue("pg_url")
+    workdir = tmp_path / "external"
+    workdir.mkdir()
+    yield Env(db=db, workdir=workdir)
+
+
+def _command(scenario: str, env: Env, phase: str, answer: Any = None) -> list[str]:
+    cmd = [sys.executable, str(WORKER), scenario, env.db, str(env.workdir), phase]
+    if answer is not None:
+        cmd.append(json.dumps(answer))
+    return cmd
+
+
+def kill_at(scenario: str, env: Env, marker: str) -> dict[str, Any]:
+    """Start the scenario in a child, read its stdout until ``marker``, SIGKILL it.
+
+    Returns the marker's JSON info. Asserts that the child really died of signal 9.
+    """
+    stderr_path = env.workdir / f"stderr-{scenario}-crash.txt"
+    with open(stderr_path, "w") as stderr:
+        child = subprocess.Popen(
+            _command(scenario, env, "crash"), stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+        assert child.stdout is not None
+        info: dict[str, Any] | None = None
+        seen: list[str] = []
+        try:
+            for line in child.stdout:
+                seen.append(line)
+                if line.startswith(f"MARKER {marker} "):
+                    info = json.loads(line.split(" ", 2)[2])
+                    break
+            assert info is not None, (
+                f"the worker ended before {marker}: stdout={''.join(seen)!r} "
+                f"stderr={stderr_path.read_text()!r}"
+            )
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            if child.poll() is None and info is None:
+                child.kill()
+            child.wait(timeout=TIMEOUT)
+            child.stdout.close()
+    assert child.returncode == -signal.SIGKILL, f"exit status {child.returncode}"
+    return info
+
+
+@dataclass
+class Finished:
+    returncode: int
+    result: dict[str, Any]
+    markers: list[tuple[str, dict[str, Any]]]
+
+
+def run_phase(scenario: str, env: Env, phase: str, answer: Any = None) -> Finished:
+    """Run a phase of the scenario in a new process to its end; its last line is JSON."""
+    proc = subprocess.run(
+        _command(scenario, env, phase, answer), capture_output=True, text=True, timeout=TIMEOUT
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("{"), (
+        f"no result (exit {proc.returncode}): stdout={proc.stdout!r} stderr={proc.stderr!r}"
+    )
+    markers = [
+        (line.split(" ", 2)[1], json.loads(line.split(" ", 2)[2]))
+        for line in lines
+        if line.startswith("MARKER ")
+    ]
+    return Finished(proc.returncode, json.loads(lines[-1]), markers)
+
+
+def by_name(events: list[Event], kind: str, name: str) -> list[str]:
+    """The phases of the events of one wrapped call, in order."""
+    return [e.phase for e in events if e.kind == kind and (e.name or "").startswith(name)]
+
+
+# -- 1. a tool-calling agent killed between its two tool calls -----------------------------
+
+
+@pytest.mark.parametrize("scenario", ["agent", "agent_react"], ids=["toolnode", "react"])
+def test_agent_killed_after_charge_charges_once_and_does_not_pay_the_model_again(
+    env: Env, scenario: str
+) -> None:
+    # The model asks for charge_card and send_receipt in one message. "agent": one ToolNode
+    # task runs both (in threads); "agent_react": create_react_agent, one Send task per
+    # call. The process dies after the charge completed, while send_receipt (which had
+    # already sent its email) has not returned.
+    killed = kill_at(scenario, env, "RECEIPT_SENT")
+    assert len(env.charges) == 1
+    assert len(env.receipts) == 1
+    assert env.llm_calls == 1
+    assert env.step("charge_card").status == "completed"
+    assert env.step("send_receipt").status == "started"  # outcome unknown
+
+    done = run_phase(scenario, env, "resume")
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    # The card was charged exactly once, with the key the ledger recorded.
+    charge = env.step("charge_card")
+    assert len(env.charges) == 1
+    assert env.charges[0]["key"] == charge.idempotency_key
+    assert charge.status == "completed"
+    # send_receipt's outcome was unknown: its reconcile found the email by its key, so it
+    # was not sent again.
+    receipt = env.step("send_receipt")
+    assert len(env.receipts) == 1
+    assert env.receipts[0]["key"] == receipt.idempotency_key == killed["key"]
+    assert receipt.status == "completed"
+    assert receipt.result == "receipt sent to ada@example.com"
+    # charge_card ran once. With one ToolNode task, that task ran again on resume and the
+    # charge was replayed from the ledger; with one task per call, LangGraph may keep the
+    # finished charge task's writes and not run it again at all.
+    events = env.events()
+    charge_events = by_name(events, "tool", "charge_card")
+    if scenario == "agent":
+        assert charge_events == ["start", "end", "replay"]
+    else:
+        assert charge_events in (["start", "end"], ["start", "end", "replay"])
+    assert "send_receipt (reconciled)" in [e.name for e in events if e.phase == "end"]
+    # The model was paid for the first call once, and for the final answer once.
+    assert env.llm_calls == 2
+    assert by_name(events, "llm", "scripted-chat-model") == ["start", "end", "start", "end"]
+    messages = done.result["values"]["messages"]
+    tool_results = {m["tool_call_id"]: m["content"] for m in messages if m["type"] == "tool"}
+    assert tool_results == {
+        "call_charge": "charged 42",
+        "call_receipt": "receipt sent to ada@example.com",
+    }
+    assert messages[-1]["content"] == "Charged 42 and sent the receipt."
+    assert env.run_status() == "succeeded"
+
+
+# -- 2. a node that charges, then interrupts ---------------------------------------------
+
+
+def test_charge_then_interrupt_resumed_in_a_new_process_charges_once(env: Env) -> None:
+    first = run_phase("interrupt", env, "start")
+    assert first.returncode == 0, first.result
+    assert first.result["status"] == "interrupted"
+    assert first.result["interrupts"] == [{"question": "Ship the order?", "charged": 42}]
+    assert len(env.charges) == 1
+    assert env.run_status() == "interrupted"
+
+    second = run_phase("interrupt", env, "answer", "yes")
+
+    assert second.returncode == 0, second.result
+    assert second.result["status"] == "done"
+    assert second.result["values"]["status"] == "shipping: yes"
+    # The node ran again from its start; the charge was replayed, not repeated.
+    assert len(env.charges) == 1
+    step = env.step("charge")
+    assert step.status == "completed"
+    assert second.result["values"]["charge"] == {"amount": 42, "key": step.idempotency_key}
+    assert env.charges[0]["key"] == step.idempotency_key
+    assert by_name(env.events(), "tool", "charge") == ["start", "end", "replay"]
+    assert env.run_status() == "succeeded"
+
+
+def test_charge_then_killed_before_interrupt_charges_once_over_three_processes(
+    env: Env,
+) -> None:
+    killed = kill_at("interrupt", env, "CHARGED_BEFORE_INTERRUPT")
+    assert len(env.charges) == 1
+    assert env.step("charge").status == "completed"
+
+    # A new process: the node runs again, the charge is replayed, the interrupt surfaces.
+    second = run_phase("interrupt", env, "resume")
+    assert second.returncode == 0, second.result
+    assert second.result["status"] == "interrupted"
+    assert second.result["interrupts"] == [{"question": "Ship the order?", "charged": 42}]
+    assert len(env.charges) == 1
+
+    # A third process answers the interrupt and finishes the run.
+    third = run_phase("interrupt", env, "answer", "yes")
+    assert third.returncode == 0, third.result
+    assert third.result["status"] == "done"
+    assert third.result["values"]["status"] == "shipping: yes"
+
+    assert len(env.charges) == 1
+    assert env.charges[0]["key"] == killed["key"] == env.step("charge").idempotency_key
+    assert by_name(env.events(), "tool", "charge") == ["start", "end", "replay", "replay"]
+    assert env.run_status() == "succeeded"
+
+
+# -- 3. killed after a model call, before the node finished ---------------------------------
+
+
+def test_model_call_is_replayed_not_paid_again_after_a_kill(env: Env) -> None:
+    killed = kill_at("model", env, "MODEL_RETURNED")
+    assert env.llm_calls == 1
+    assert killed["tool_call_ids"] == ["call_first"]
+
+    done = run_phase("model", env, "resume")
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    # Not paid again: the provider saw one call.
+    assert env.llm_calls == 1
+    # The node's output is the very message the killed process received.
+    [_, message] = done.result["values"]["messages"]
+    assert message["id"] == killed["id"]
+    assert message["tool_call_ids"] == killed["tool_call_ids"] == ["call_first"]
+    # The journal: one paid call with its tokens, one free replay.
+    llm = [e for e in env.events() if e.kind == "llm"]
+    ends = [e for e in llm if e.phase == "end"]
+    replays = [e for e in llm if e.phase == "replay"]
+    assert [e.phase for e in llm] == ["start", "end", "replay"]
+    assert [(e.input_tokens, e.output_tokens) for e in ends] == [(10, 5)]
+    assert [(e.input_tokens, e.output_tokens) for e in replays] == [(None, None)]
+    assert env.run_status() == "succeeded"
+
+
+# -- 4. killed inside a side-effecting tool ------------------------------------------------
+
+
+def test_killed_inside_side_effect_resume_raises_tool_outcome_unknown(env: Env) -> None:
+    killed = kill_at("tool_raise", env, "INSIDE_TOOL")
+    assert len(env.charges) == 1
+
+    done = run_phase("tool_raise", env, "resume")
+
+    assert done.returncode == 3
+    assert done.result["status"] == "error"
+    assert done.result["error_type"] == "ToolOutcomeUnknown"
+    step = env.step("charge_card")
+    message = done.result["error"]
+    assert "charge_card(amount=42)" in message
+    assert step.idempotency_key == killed["key"]
+    assert killed["key"] in message
+    assert step.started_at in message
+    # Not repeated, and still unknown.
+    assert len(env.charges) == 1
+    assert step.status == "started"
+    assert env.run_status() == "failed"
+
+
+def test_killed_inside_side_effect_with_reconcile_finds_the_effect_by_key(env: Env) -> None:
+    killed = kill_at("tool_reconcile", env, "INSIDE_TOOL")
+    assert len(env.charges) == 1
+
+    done = run_phase("tool_reconcile", env, "resume")
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    [tool_message] = [m for m in done.result["values"]["messages"] if m["type"] == "tool"]
+    assert tool_message["content"] == "charged 42 (found by key)"
+    assert len(env.charges) == 1
+    step = env.step("charge_card")
+    assert step.status == "completed"
+    assert step.idempotency_key == killed["key"] == env.charges[0]["key"]
+    assert step.result == "charged 42 (found by key)"
+    assert by_name(env.events(), "tool", "charge_card") == ["start", "start", "end"]
+
+
+def test_killed_before_the_effect_reconcile_not_done_runs_it_once(env: Env) -> None:
+    killed = kill_at("tool_reconcile_absent", env, "INSIDE_TOOL")
+    assert env.charges == []  # died before the payment provider saw anything
+
+    done = run_phase("tool_reconcile_absent", env, "resume")
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    [tool_message] = [m for m in done.result["values"]["messages"] if m["type"] == "tool"]
+    assert tool_message["content"] == "charged 42"
+    # Reconcile said NOT_DONE, so the call ran again: exactly one effect, same key.
+    assert len(env.charges) == 1
+    step = env.step("charge_card")
+    assert step.status == "completed"
+    assert step.attempts == 2
+    assert env.charges[0]["key"] == step.idempotency_key == killed["key"]
+
+
+def test_killed_inside_idempotent_tool_reruns_it_with_the_same_key(env: Env) -> None:
+    killed = kill_at("tool_idempotent", env, "INSIDE_TOOL")
+    assert len(env.charges) == 1
+
+    done = run_phase("tool_idempotent", env, "resume")
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    # Idempotent: run again blindly, with the same key (a provider that deduplicates by
+    # key charges once).
+    charges = env.charges
+    assert len(charges) == 2
+    assert charges[0]["key"] == charges[1]["key"] == killed["key"]
+    assert charges[0]["pid"] != charges[1]["pid"]
+    step = env.step("charge_card")
+    assert step.status == "completed"
+    assert step.idempotency_key == killed["key"]
+    assert step.attempts == 2
+
+
+def test_killed_inside_ask_tool_asks_a_human_and_uses_the_answer(env: Env) -> None:
+    killed = kill_at("tool_ask", env, "INSIDE_TOOL")
+    assert len(env.charges) == 1
+
+    asked = run_phase("tool_ask", env, "resume")
+
+    assert asked.returncode == 0, asked.result
+    assert asked.result["status"] == "interrupted"
+    [question] = asked.result["interrupts"]
+    assert question["type"] == "agentcheck.unknown_outcome"
+    assert question["tool"] == "charge_card"
+    assert question["args"] == {"amount": 42}
+    assert question["idempotency_key"] == killed["key"]
+    assert len(env.charges) == 1
+    assert env.step("charge_card").status == "started"
+
+    done = run_phase("tool_ask", env, "answer", {"result": "charged 42 (confirmed by ops)"})
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    [tool_message] = [m for m in done.result["values"]["messages"] if m["type"] == "tool"]
+    assert tool_message["content"] == "charged 42 (confirmed by ops)"
+    assert len(env.charges) == 1
+    step = env.step("charge_card")
+    assert step.status == "completed"
+    assert step.result == "charged 42 (confirmed by ops)"
+    assert env.run_status() == "succeeded"
+
+
+# -- 5. the contrast: the same crash without agentcheck ------------------------------------
+
+
+def test_without_agentcheck_official_sqlite_saver_charges_the_card_twice(tmp_path: Path) -> None:
+    """Scenario 1 with plain @tool functions and langgraph-checkpoint-sqlite's SqliteSaver:
+    the killed tools task runs again from its checkpoint, so the card IS charged twice
+    (and the receipt sent twice). This is the problem agentcheck solves."""
+    workdir = tmp_path / "external"
+    workdir.mkdir()
+    env = Env(db=str(tmp_path / "official.db"), workdir=workdir)
+
+    kill_at("agent_unwrapped", env, "RECEIPT_SENT")
+    assert len(env.charges) == 1
+    assert len(env.receipts) == 1
+
+    done = run_phase("agent_unwrapped", env, "resume")
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    assert len(env.charges) == 2  # charged twice
+    assert env.charges[0]["pid"] != env.charges[1]["pid"]
+    assert len(env.receipts) == 2
+    assert env.llm_calls == 2  # the checkpoint did save the model's answer
