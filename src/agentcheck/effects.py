@@ -370,7 +370,10 @@ def protocol(
     except _pause_errors:
         yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
         raise
-    except BaseException as exc:
+    except Exception as exc:
+        # The call reported its own failure. (A cancellation or KeyboardInterrupt is not
+        # caught here: the call may have had its effect, so the step stays "started" and
+        # its outcome unknown.)
         error = f"{type(exc).__name__}: {exc}"
         yield _Db(
             lambda: ops.fail(

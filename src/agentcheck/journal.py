@@ -264,29 +264,52 @@ class JournalOps:
         metadata: Any = None,
         owner: str | None = None,
         lease_until: str | None = None,
-    ) -> Operation[None]:
-        """Create a run as ``running``, or mark an existing one running again (attempt + 1)."""
+    ) -> Operation[bool]:
+        """Create a run as ``running``, or restart an existing one (attempt + 1).
+
+        A run already running under the same ``owner`` (default: this saver's process
+        token) is left alone, so concurrent writers of one process start it once.
+        Returns whether the run was (re)started; the start event is appended only then.
+        """
         mtype, meta = self.dump(metadata)
         ts = now()
-        yield Query(
+        owner = owner or self.core.owner
+        rows = yield Query(
             self.sql.START_RUN,
             (run_id, framework, name, thread_id, owner, lease_until, ts, ts, mtype, meta),
+            fetch=True,
         )
+        if not rows:
+            return False
         yield from self.append(EventSpec(run_id, "run", "start", name=name))
-        return None
+        return True
 
     def set_run_status(
-        self, run_id: str, status: RunStatus, *, error: str | None = None
-    ) -> Operation[None]:
-        """Record a run's new status (and an event saying so)."""
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        error: str | None = None,
+        framework: str = "custom",
+    ) -> Operation[bool]:
+        """Record a run's new status and an event saying so. ``succeeded`` only applies
+        to a running run; returns whether the status was recorded."""
         ts = now()
         ended = ts if status in ("succeeded", "failed", "crashed") else None
-        yield Query(self.sql.SET_RUN_STATUS, (status, ts, ended, error, run_id))
+        if status == "succeeded":
+            rows = yield Query(self.sql.MARK_SUCCEEDED, (ts, ended, run_id), fetch=True)
+            if not rows:
+                return False
+        else:
+            yield Query(
+                self.sql.SET_RUN_STATUS,
+                (run_id, framework, status, self.core.owner, ts, ts, ended, error),
+            )
         phase = {"failed": "error", "crashed": "error", "interrupted": "interrupt"}.get(
             status, "end"
         )
         yield from self.append(EventSpec(run_id, "run", phase, name=status, error=error))
-        return None
+        return True
 
     def claim(
         self,

@@ -32,6 +32,7 @@ from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
 from langgraph.types import interrupt
 
+from agentcheck import _task_names as task_names
 from agentcheck.effects import (
     CallContext,
     Done,
@@ -50,7 +51,8 @@ __all__ = ["DurableChatModel", "durable_model", "langgraph_context"]
 
 
 class _ToolCallIds(BaseCallbackHandler):
-    """Remembers the tool-call id of each running tool, by the tool's run id.
+    """Remembers the tool-call id of each running tool, by the tool's run id, and the
+    node of each LangGraph task that starts.
 
     LangChain gives a tool's callbacks the model's tool-call id but not the tool's
     function; a wrapped function finds its own through the run id of its parent run.
@@ -59,7 +61,6 @@ class _ToolCallIds(BaseCallbackHandler):
     run_inline = True
     raise_error = False
     ignore_llm = True
-    ignore_chain = True
     ignore_retriever = True
     ignore_chat_model = True
     ignore_custom_event = True
@@ -84,6 +85,22 @@ class _ToolCallIds(BaseCallbackHandler):
                 self.ids[run_id] = str(tool_call_id)
                 while len(self.ids) > self.size:
                     self.ids.popitem(last=False)
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # A task's callback metadata carries its namespace, "node:task_id" last.
+        ns = (metadata or {}).get("langgraph_checkpoint_ns")
+        if isinstance(ns, str) and ns:
+            node, _, task_id = ns.rpartition("|")[2].partition(":")
+            if task_id and node == (metadata or {}).get("langgraph_node"):
+                task_names.remember(task_id, node)
 
     def _forget(self, run_id: UUID) -> None:
         with self.lock:

@@ -238,6 +238,10 @@ class SQL:
     )
 
     # -- journal: runs, events, steps ---------------------------------------------------
+    # (Re)start a run. An existing run restarts (attempt + 1) unless it is already running
+    # under the same owner: so concurrent writers of one process start it once, while a
+    # new process taking over a run left "running" by a crashed one does restart it. The
+    # row comes back only when something changed.
     START_RUN = (
         "INSERT INTO agentcheck_runs (run_id, framework, name, thread_id, status, attempt, "
         "owner, lease_until, created_at, updated_at, metadata_type, metadata) "
@@ -245,15 +249,22 @@ class SQL:
         "ON CONFLICT (run_id) DO UPDATE SET status = 'running', "
         "attempt = agentcheck_runs.attempt + 1, owner = excluded.owner, "
         "lease_until = excluded.lease_until, updated_at = excluded.updated_at, "
-        "ended_at = NULL, error = NULL"
+        "ended_at = NULL, error = NULL "
+        "WHERE agentcheck_runs.status <> 'running' OR agentcheck_runs.owner IS NULL "
+        "OR agentcheck_runs.owner <> excluded.owner "
+        "RETURNING attempt"
     )
+    # A run's status, creating the row if a late writer finds none yet.
     SET_RUN_STATUS = (
-        "UPDATE agentcheck_runs SET status = ?, updated_at = ?, ended_at = ?, error = ? "
-        "WHERE run_id = ?"
+        "INSERT INTO agentcheck_runs (run_id, framework, status, attempt, owner, created_at, "
+        "updated_at, ended_at, error) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (run_id) DO UPDATE SET status = excluded.status, "
+        "updated_at = excluded.updated_at, ended_at = excluded.ended_at, error = excluded.error"
     )
-    RUN_COLUMNS = (
-        "run_id, framework, name, thread_id, status, attempt, owner, lease_until, "
-        "created_at, updated_at, ended_at, metadata_type, metadata, error"
+    # Only a running run can succeed (a failed or restarted one is not overwritten).
+    MARK_SUCCEEDED = (
+        "UPDATE agentcheck_runs SET status = 'succeeded', updated_at = ?, ended_at = ? "
+        "WHERE run_id = ? AND status = 'running' RETURNING run_id"
     )
     SELECT_RUN = (
         "SELECT run_id, framework, name, thread_id, status, attempt, owner, lease_until, "
@@ -274,10 +285,6 @@ class SQL:
         "SELECT seq, run_id, ts, kind, phase, name, step_key, parent_seq, input_tokens, "
         "output_tokens, cost, payload_type, payload, error FROM agentcheck_events "
         "WHERE run_id = ? AND seq > ? ORDER BY seq"
-    )
-    STEP_COLUMNS = (
-        "scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
-        "owner, started_at, finished_at, args_type, args, result_type, result, error"
     )
     CLAIM_STEP = (
         "INSERT INTO agentcheck_steps (scope, step_key, run_id, kind, name, effect, status, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +31,11 @@ from agentcheck.savers._core import SaverCore
 __all__ = ["AsyncSaver", "SyncSaver"]
 
 T = TypeVar("T")
+_STRIPES = 64
+
+
+def _stripe(thread_id: Any) -> int:
+    return hash(str(thread_id)) % _STRIPES
 
 
 class SyncSaver(SaverCore):
@@ -38,6 +44,9 @@ class SyncSaver(SaverCore):
     migrations: tuple[tuple[str, ...], ...] = ()
     _is_setup = False
     _journal: Journal | None = None
+    # One thread's checkpoint writes are serialized in this process, so that the
+    # journal's run transitions are decided and written in one piece (see _core).
+    _thread_locks: tuple[threading.Lock, ...] = tuple(threading.Lock() for _ in range(_STRIPES))
 
     def _run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
         raise NotImplementedError
@@ -91,7 +100,8 @@ class SyncSaver(SaverCore):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Store a checkpoint; values are written only for the channels in ``new_versions``."""
-        return self._call(lambda: self._put(config, checkpoint, metadata, new_versions), True)
+        with self._thread_locks[_stripe(config["configurable"]["thread_id"])]:
+            return self._call(lambda: self._put(config, checkpoint, metadata, new_versions), True)
 
     def put_writes(
         self,
@@ -101,7 +111,8 @@ class SyncSaver(SaverCore):
         task_path: str = "",
     ) -> None:
         """Store a task's pending writes for the checkpoint of ``config``."""
-        self._call(lambda: self._put_writes(config, writes, task_id, task_path), True)
+        with self._thread_locks[_stripe(config["configurable"]["thread_id"])]:
+            self._call(lambda: self._put_writes(config, writes, task_id, task_path), True)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread."""
@@ -190,6 +201,13 @@ class AsyncSaver(SaverCore):
     _is_setup = False
     _journal: Journal | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    _async_locks: tuple[asyncio.Lock, ...] | None = None
+
+    def _thread_lock(self, config: RunnableConfig) -> asyncio.Lock:
+        """The lock serializing one thread's checkpoint writes (see SyncSaver)."""
+        if self._async_locks is None:
+            self._async_locks = tuple(asyncio.Lock() for _ in range(_STRIPES))
+        return self._async_locks[_stripe(config["configurable"]["thread_id"])]
 
     @property
     def journal(self) -> Journal:
@@ -280,7 +298,8 @@ class AsyncSaver(SaverCore):
         task_path: str = "",
     ) -> None:
         """Store a task's pending writes for the checkpoint of ``config``."""
-        await self._call(lambda: self._put_writes(config, writes, task_id, task_path), True)
+        async with self._thread_lock(config):
+            await self._call(lambda: self._put_writes(config, writes, task_id, task_path), True)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, value and write of a thread."""

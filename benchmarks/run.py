@@ -1,0 +1,271 @@
+"""agentcheck's savers against the official LangGraph savers, in one run, on the same data.
+
+    python benchmarks/run.py [--quick] [--json PATH] [--only NAME,...] [--db sqlite,postgres]
+
+See benchmarks/README.md for the workloads, the durability settings and how to read the
+table. Progress goes to stderr, the results to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import sqlite3
+import sys
+import tempfile
+import time
+import warnings
+import zlib
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from data import MessageCorpus
+from harness import POOL_KWARGS, POOL_MAX_SIZE, Databases, Db, PostgresServer, Progress
+from report import Row, Summary, format_value, print_table, write_json
+from workloads import FILTER_THREADS, WINDOW, WORKLOADS, Context, filter_steps, measure_floor
+
+FLOOR = "floor"
+NAMES = (FLOOR, *WORKLOADS)
+DBS: tuple[Db, ...] = ("sqlite", "postgres")
+PACKAGES = (
+    "agentcheck",
+    "langgraph",
+    "langgraph-checkpoint",
+    "langgraph-checkpoint-sqlite",
+    "langgraph-checkpoint-postgres",
+    "langchain-core",
+    "psycopg",
+    "psycopg-pool",
+)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer repetitions and 20,000 checkpoints (not 100,000) for the filter workload",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write all figures here")
+    parser.add_argument(
+        "--only",
+        metavar="NAME,...",
+        help=f"run only these: {', '.join(NAMES)} (default: all)",
+    )
+    parser.add_argument(
+        "--db",
+        metavar="DB,...",
+        default=",".join(DBS),
+        help="databases to run on: sqlite, postgres (default: both)",
+    )
+    args = parser.parse_args(argv)
+    args.names = _choices(parser, "--only", args.only, NAMES) if args.only else NAMES
+    args.dbs = _choices(parser, "--db", args.db, DBS)
+    return args
+
+
+def _choices(
+    parser: argparse.ArgumentParser, option: str, value: str, allowed: Sequence[str]
+) -> tuple[Any, ...]:
+    chosen = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    unknown = [v for v in chosen if v not in allowed]
+    if unknown or not chosen:
+        parser.error(f"{option}: unknown {unknown or value!r}; choose from {', '.join(allowed)}")
+    return tuple(v for v in allowed if v in chosen)
+
+
+def environment(pg: PostgresServer | None, databases: Databases) -> dict[str, Any]:
+    versions: dict[str, str | None] = {}
+    for package in PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "sqlite": sqlite3.sqlite_version,
+        "postgres": None,
+        "packages": versions,
+        "sqlite_connections": databases.settings,
+    }
+    if pg is not None:
+        settings = postgres_settings(pg.url())
+        env["postgres"] = settings.pop("server_version")
+        env["postgres_settings"] = settings
+        env["postgres_server"] = (
+            "external ($AGENTCHECK_TEST_POSTGRES_URL)"
+            if pg.external
+            else "throwaway server started by tests/pg_server.py, loopback TCP"
+        )
+    return env
+
+
+def postgres_settings(url: str) -> dict[str, str]:
+    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes")
+    settings: dict[str, str] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name in names:
+            row = conn.execute(f"SHOW {name}").fetchone()
+            settings[name] = str(row[0]) if row else "?"
+    return settings
+
+
+def state_facts(corpus: MessageCorpus) -> dict[str, Any]:
+    """What the 50-message chat state weighs, serialized as LangGraph does."""
+    _, data = JsonPlusSerializer().dumps_typed(corpus.window(WINDOW, WINDOW))
+    return {
+        "messages": WINDOW,
+        "serialized_bytes": len(data),
+        "bytes_per_message": len(data) / WINDOW,
+        "zlib1_ratio": len(data) / len(zlib.compress(data, 1)),
+    }
+
+
+def header(args: argparse.Namespace, env: dict[str, Any], state: dict[str, Any]) -> str:
+    packages = env["packages"]
+    filter_total = FILTER_THREADS * filter_steps(args.quick)
+    lines = [
+        "agentcheck vs the official LangGraph savers"
+        + (
+            f"  [QUICK MODE: fewer repetitions; the filter workload uses {filter_total:,} "
+            "checkpoints, not 100,000]"
+            if args.quick
+            else ""
+        ),
+        f"python {env['python']}, SQLite {env['sqlite']}, PostgreSQL {env['postgres'] or '-'}, "
+        f"{env['cpu_count']} CPUs, {env['platform']}",
+        f"agentcheck {packages['agentcheck']}, langgraph {packages['langgraph']}, "
+        f"langgraph-checkpoint-sqlite {packages['langgraph-checkpoint-sqlite']}, "
+        f"langgraph-checkpoint-postgres {packages['langgraph-checkpoint-postgres']}",
+    ]
+    durability: list[str] = []
+    sqlite_settings = env["sqlite_connections"]
+    if sqlite_settings:
+        seen = ", ".join(
+            f"{impl.removeprefix('sqlite_')}: journal_mode={s['journal_mode']} "
+            f"synchronous={s['synchronous']} busy_timeout={s['busy_timeout']}"
+            for impl, s in sorted(sqlite_settings.items())
+        )
+        durability += [
+            "  SQLite: a file per saver; PRAGMA journal_mode=WAL, synchronous=FULL (2),",
+            "    busy_timeout=30000 on both connections. The official saver gets the connection",
+            "    its from_conn_string opens (sqlite3.connect(path, check_same_thread=False)),",
+            "    plus those PRAGMAs: from_conn_string alone gives WAL (set by setup()),",
+            "    synchronous=FULL (SQLite's default) and busy_timeout=5000 (sqlite3's timeout).",
+            f"    Read back: {seen}",
+        ]
+    if env["postgres"]:
+        s = env["postgres_settings"]
+        durability += [
+            f"  PostgreSQL: {env['postgres_server']}, a database per saver; fsync={s['fsync']}, "
+            f"synchronous_commit={s['synchronous_commit']}, "
+            f"full_page_writes={s['full_page_writes']}.",
+            "    Both savers on a psycopg_pool.ConnectionPool(min_size=1, "
+            f"max_size={POOL_MAX_SIZE}, kwargs={_kwargs_text()}); setup() called.",
+        ]
+    if durability:
+        lines += ["Durability (the same for both savers):", *durability]
+    lines += [
+        f"Chat state: {state['messages']} messages, {state['serialized_bytes'] / 1024:.1f} KB "
+        f"serialized ({state['bytes_per_message']:.0f} B per message; zlib level 1 shrinks "
+        f"it {state['zlib1_ratio']:.1f}x).",
+        "Times are per operation, median and p95 of the samples; ratio = agentcheck median / "
+        "official median (lower is better).",
+    ]
+    return "\n".join(lines)
+
+
+def _kwargs_text() -> str:
+    items = ", ".join(f"{k}={getattr(v, '__name__', v)}" for k, v in POOL_KWARGS.items())
+    return "{" + items + "}"
+
+
+def floor_text(floor: dict[str, Summary]) -> str:
+    lines = ["Raw-insert floor: one INSERT of a 57 KB bytes value + commit, median (p95):"]
+    for db, s in floor.items():
+        lines.append(f"  {db:<9} {format_value(s.median, 'ms')} ({format_value(s.p95, 'ms')})")
+    return "\n".join(lines)
+
+
+def notes_text(rows: Sequence[Row]) -> str:
+    notes = [f"  {r.workload} / {r.metric} / {r.db}: {r.note}" for r in rows if r.note]
+    return "Notes:\n" + "\n".join(notes) if notes else ""
+
+
+def verdict_text(rows: Sequence[Row]) -> str:
+    judged = [r for r in rows if r.met is not None]
+    missed = [r for r in judged if not r.met]
+    return f"Targets met: {len(judged) - len(missed)} of {len(judged)} (see the met column)."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    log = Progress()
+    started = time.monotonic()
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentcheck-bench-")))
+        pg: PostgresServer | None = None
+        if "postgres" in args.dbs:
+            log("starting PostgreSQL")
+            pg = stack.enter_context(PostgresServer())
+        databases = Databases(tmp, pg)
+        corpus = MessageCorpus()
+        ctx = Context(databases, args.dbs, args.quick, corpus, log)
+        floor: dict[str, Summary] = {}
+        rows: list[Row] = []
+        for name in args.names:
+            if name == FLOOR:
+                log("raw-insert floor")
+                floor = measure_floor(ctx)
+            else:
+                log(f"workload {name}: {WORKLOADS[name].summary}")
+                rows += WORKLOADS[name].run(ctx)
+        env = environment(pg, databases)
+    state = state_facts(corpus)
+    elapsed = time.monotonic() - started
+    log(f"done in {elapsed:.0f}s")
+
+    print(header(args, env, state))
+    print()
+    if floor:
+        print(floor_text(floor))
+        print()
+    if rows:
+        print_table(rows)
+        print()
+        notes = notes_text(rows)
+        if notes:
+            print(notes)
+            print()
+        print(verdict_text(rows))
+    print(f"Total time: {elapsed:.0f}s")
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "quick": args.quick,
+                "only": list(args.names),
+                "databases": list(args.dbs),
+                "elapsed_s": elapsed,
+                "environment": env,
+                "chat_state": state,
+                "floor": {db: s.__dict__ for db, s in floor.items()},
+                "rows": [r.as_dict() for r in rows],
+            },
+        )
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,571 @@
+"""The workloads. Each one runs agentcheck's saver and the official saver side by side, on
+databases of their own, with the same data, alternating their samples."""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import statistics
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypedDict
+
+import psycopg
+from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Durability
+
+from agentcheck import side_effect
+from agentcheck.adapters.langgraph import durable_model
+
+from data import ChatThread, MessageCorpus, new_checkpoint_id
+from harness import IMPLS, Databases, Db, Impl, Progress, Store, interleaved, timed_ms
+from report import Row, Summary, Target
+
+__all__ = [
+    "FILTER_THREADS",
+    "WINDOW",
+    "WORKLOADS",
+    "Context",
+    "Workload",
+    "filter_steps",
+    "measure_floor",
+]
+
+WINDOW = 50  # messages in the chat window
+FLOOR_BYTES = 57 * 1024
+
+
+@dataclass
+class Context:
+    databases: Databases
+    dbs: tuple[Db, ...]
+    quick: bool
+    corpus: MessageCorpus
+    log: Progress
+
+    def scale(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    summary: str
+    run: Callable[[Context], list[Row]]
+
+
+@contextmanager
+def store_pair(ctx: Context, db: Db, name: str) -> Iterator[dict[Impl, Store]]:
+    """agentcheck's and the official saver on two fresh databases."""
+    with ExitStack() as stack:
+        yield {impl: stack.enter_context(ctx.databases.open(impl, db, name)) for impl in IMPLS}
+
+
+def _summaries(samples: dict[Impl, list[float]]) -> tuple[Summary, Summary]:
+    return Summary.of(samples["agentcheck"]), Summary.of(samples["official"])
+
+
+def _thread_config(thread_id: str, checkpoint_id: str | None = None) -> RunnableConfig:
+    conf: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
+    if checkpoint_id is not None:
+        conf["checkpoint_id"] = checkpoint_id
+    return {"configurable": conf}
+
+
+def _list(
+    saver: BaseCheckpointSaver[Any], config: RunnableConfig | None, **kwargs: Any
+) -> list[CheckpointTuple]:
+    return list(saver.list(config, **kwargs))
+
+
+def _ids(tuples: list[CheckpointTuple]) -> list[str]:
+    return [t.config["configurable"]["checkpoint_id"] for t in tuples]
+
+
+def _compare(ctx: Context, what: str, results: dict[Impl, Any], problems: list[str]) -> None:
+    """Both savers must answer the same: the figures compare equal work only then."""
+    if results["agentcheck"] != results["official"]:
+        problem = f"{what}: agentcheck and official answers differ"
+        ctx.log(f"WARNING {problem}")
+        problems.append(problem)
+
+
+# -- the raw-insert floor ---------------------------------------------------------------
+
+
+def measure_floor(ctx: Context) -> dict[str, Summary]:
+    """One INSERT of a 57 KB bytes value and its commit: the least a durable put costs."""
+    reps, warmup = ctx.scale(300, 60), 10
+    value = os.urandom(FLOOR_BYTES)
+    floors: dict[str, Summary] = {}
+    if "sqlite" in ctx.dbs:
+        path = ctx.databases.tmp / "floor.db"
+        conn = sqlite3.connect(str(path), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE raw (id INTEGER PRIMARY KEY, v BLOB)")
+
+        def sqlite_insert() -> None:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO raw (v) VALUES (?)", (value,))
+            conn.execute("COMMIT")
+
+        for _ in range(warmup):
+            sqlite_insert()
+        floors["sqlite"] = Summary.of([timed_ms(sqlite_insert) for _ in range(reps)])
+        conn.close()
+    if "postgres" in ctx.dbs:
+        assert ctx.databases.pg is not None
+        url = ctx.databases.pg.create_database("bench_floor")
+        with psycopg.connect(url, autocommit=True) as pg:
+            pg.execute("CREATE TABLE raw (id BIGSERIAL PRIMARY KEY, v BYTEA)")
+
+            def pg_insert() -> None:
+                pg.execute("INSERT INTO raw (v) VALUES (%s)", (value,))
+
+            for _ in range(warmup):
+                pg_insert()
+            floors["postgres"] = Summary.of([timed_ms(pg_insert) for _ in range(reps)])
+        ctx.databases.pg.drop_database(url)
+    return floors
+
+
+# -- a chat thread with a 50-message window ----------------------------------------------
+
+
+def chat_window(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    for db in ctx.dbs:
+        with store_pair(ctx, db, "chat") as stores:
+            rows += _chat_window_on(ctx, db, stores)
+    return rows
+
+
+def _chat_window_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
+    steps = 1000
+    reads = ctx.scale(300, 60)
+    lists = ctx.scale(150, 40)
+    corpus = ctx.corpus
+    problems: list[str] = []
+
+    def thread(impl: Impl, thread_id: str) -> ChatThread:
+        return ChatThread(
+            stores[impl].saver, thread_id, corpus, user="u-1", window=WINDOW, initial=WINDOW
+        )
+
+    # Warm up every code path (and PostgreSQL's prepared statements) on another thread.
+    warm = {impl: thread(impl, "warm-up") for impl in IMPLS}
+    for step in range(20):
+        checkpoint_id = new_checkpoint_id(step)
+        for impl in IMPLS:
+            warm[impl].advance(checkpoint_id)
+    for impl in IMPLS:
+        saver = stores[impl].saver
+        for _ in range(5):
+            saver.get_tuple(_thread_config("warm-up"))
+            saver.get_tuple(_thread_config("warm-up", warm[impl].checkpoint_ids[3]))
+            _list(saver, _thread_config("warm-up"), limit=10)
+
+    ctx.log(f"chat/{db}: {steps} puts of a {WINDOW}-message window")
+    size_before = {impl: stores[impl].size_bytes() for impl in IMPLS}
+    main = {impl: thread(impl, "chat") for impl in IMPLS}
+    ids = [new_checkpoint_id(step) for step in range(steps)]
+    put_ms: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
+    for step, impl in interleaved(steps, IMPLS):
+        put_ms[impl].append(main[impl].advance(ids[step]) / 1e6)
+    per_checkpoint = {
+        impl: (stores[impl].size_bytes() - size_before[impl]) / steps for impl in IMPLS
+    }
+
+    ctx.log(f"chat/{db}: reads")
+    for impl in IMPLS:
+        stores[impl].analyze()
+    latest = _thread_config("chat")
+    rng = random.Random(3)
+    by_id = [_thread_config("chat", rng.choice(ids)) for _ in range(reads)]
+    get_latest: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
+    get_by_id: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
+    listed: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
+    answers: dict[str, dict[Impl, Any]] = {"latest": {}, "by id": {}, "list": {}}
+    for r, impl in interleaved(reads, IMPLS):
+        saver = stores[impl].saver
+        get_latest[impl].append(timed_ms(partial(saver.get_tuple, latest)))
+        get_by_id[impl].append(timed_ms(partial(saver.get_tuple, by_id[r])))
+    for _, impl in interleaved(lists, IMPLS):
+        saver = stores[impl].saver
+        listed[impl].append(timed_ms(partial(_list, saver, latest, limit=10)))
+    for impl in IMPLS:
+        saver = stores[impl].saver
+        found = saver.get_tuple(latest)
+        assert found is not None
+        answers["latest"][impl] = (_ids([found]), found.checkpoint["channel_values"]["messages"])
+        found = saver.get_tuple(by_id[0])
+        assert found is not None
+        answers["by id"][impl] = (_ids([found]), found.checkpoint["channel_values"]["messages"])
+        answers["list"][impl] = _ids(_list(saver, latest, limit=10))
+    for what, results in answers.items():
+        _compare(ctx, f"chat/{db} {what}", results, problems)
+
+    ctx.log(f"chat/{db}: put_writes")
+    writes_ms: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
+    for r, impl in interleaved(reads, IMPLS):
+        saver = stores[impl].saver
+        config = _thread_config("chat", ids[r % steps])
+        writes = [("messages", [corpus.message(100_000 + r)]), ("turn", r)]
+        task_id = str(uuid.UUID(int=r + 1))
+        put_writes = partial(saver.put_writes, config, writes, task_id, "~__pregel_pull, agent")
+        writes_ms[impl].append(timed_ms(put_writes))
+
+    note = "; ".join(problems)
+    return [
+        Row("chat", "put, 57 KB state", db, "ms", *_summaries(put_ms), Target(0.4)),
+        Row("chat", "put_writes, 2 writes", db, "ms", *_summaries(writes_ms), Target(0.5)),
+        Row("chat", "get_tuple latest", db, "ms", *_summaries(get_latest), Target(0.5), note),
+        Row("chat", "get_tuple by id", db, "ms", *_summaries(get_by_id), Target(0.5), note),
+        Row("chat", "list(limit=10), 1,000 cps", db, "ms", *_summaries(listed), Target(0.3), note),
+        Row(
+            "chat",
+            "bytes per checkpoint",
+            db,
+            "bytes",
+            Summary.single(per_checkpoint["agentcheck"]),
+            Summary.single(per_checkpoint["official"]),
+            Target(0.3),
+        ),
+    ]
+
+
+# -- metadata filters over many threads ---------------------------------------------------
+
+
+def metadata_filter(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    for db in ctx.dbs:
+        with store_pair(ctx, db, "filter") as stores:
+            rows += _metadata_filter_on(ctx, db, stores)
+    return rows
+
+
+FILTER_THREADS = 1000
+
+
+def filter_steps(quick: bool) -> int:
+    """Checkpoints per thread: 100,000 in all, or 20,000 in quick mode."""
+    return 20 if quick else 100
+
+
+def _metadata_filter_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
+    steps = filter_steps(ctx.quick)
+    total = FILTER_THREADS * steps
+    ctx.log(f"filter/{db}: filling {total:,} checkpoints in {FILTER_THREADS:,} threads")
+    with ExitStack() as stack:
+        bulk = {impl: stack.enter_context(stores[impl].bulk()) for impl in IMPLS}
+        threads = {
+            impl: [
+                ChatThread(bulk[impl], f"t-{t:04d}", ctx.corpus, user=f"u-{t % 100}", window=2)
+                for t in range(FILTER_THREADS)
+            ]
+            for impl in IMPLS
+        }
+        for step in range(steps):
+            for t in range(FILTER_THREADS):
+                checkpoint_id = new_checkpoint_id(step)
+                for impl in IMPLS:
+                    threads[impl][t].advance(checkpoint_id)
+            if (step + 1) % max(1, steps // 5) == 0:
+                ctx.log(f"filter/{db}: {(step + 1) * FILTER_THREADS:,} checkpoints")
+
+    queries: list[tuple[str, dict[str, Any]]] = [
+        ("user=u-17", {"user": "u-17"}),
+        ("step=5 & source=loop", {"step": 5, "source": "loop"}),
+    ]
+    max_reps, min_reps, budget_ms = ctx.scale(40, 10), 3, ctx.scale(20_000, 4_000)
+    rows: list[Row] = []
+    for label, query in queries:
+        problems: list[str] = []
+        answers = {  # also the warm-up
+            impl: _ids(_list(stores[impl].saver, None, filter=query, limit=10)) for impl in IMPLS
+        }
+        _compare(ctx, f"filter/{db} {label}", answers, problems)
+        samples: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
+        spent = 0.0
+        for r, impl in interleaved(max_reps, IMPLS):
+            if r >= min_reps and spent > budget_ms:
+                break
+            elapsed = timed_ms(partial(_list, stores[impl].saver, None, filter=query, limit=10))
+            samples[impl].append(elapsed)
+            spent += elapsed
+        metric = f"list, filter {label}, limit=10, {total // 1000}k cps"
+        rows.append(
+            Row(
+                "filter",
+                metric,
+                db,
+                "ms",
+                *_summaries(samples),
+                Target(0.05),
+                "; ".join(problems),
+                {"filter": query, "checkpoints": total, "threads": FILTER_THREADS},
+            )
+        )
+    return rows
+
+
+# -- a chat thread that grows ----------------------------------------------------------
+
+
+GROWING_TURNS = 200
+EDGE = 5  # turns pooled at each end of the thread
+
+
+def growing_thread(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    for db in ctx.dbs:
+        with store_pair(ctx, db, "growing") as stores:
+            rows += _growing_thread_on(ctx, db, stores)
+    return rows
+
+
+def _growing_thread_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
+    reps = ctx.scale(8, 3)
+    ctx.log(f"growing/{db}: {reps} x {GROWING_TURNS} turns")
+    warm = {
+        impl: ChatThread(stores[impl].saver, "warm-up", ctx.corpus, user="u-1") for impl in IMPLS
+    }
+    for turn in range(10):
+        checkpoint_id = new_checkpoint_id(turn)
+        for impl in IMPLS:
+            warm[impl].advance(checkpoint_id)
+    size_before = {impl: stores[impl].size_bytes() for impl in IMPLS}
+    size_after: dict[Impl, int] = {}
+    early: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
+    late: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
+    for rep in range(reps):
+        threads = {
+            impl: ChatThread(stores[impl].saver, f"grow-{rep}", ctx.corpus, user="u-1")
+            for impl in IMPLS
+        }
+        ids = [new_checkpoint_id(turn) for turn in range(GROWING_TURNS)]
+        for turn, impl in interleaved(GROWING_TURNS, IMPLS):
+            ms = threads[impl].advance(ids[turn]) / 1e6
+            if turn < EDGE:
+                early[impl].append(ms)
+            elif turn >= GROWING_TURNS - EDGE:
+                late[impl].append(ms)
+        if rep == 0:
+            size_after = {impl: stores[impl].size_bytes() for impl in IMPLS}
+    grown = {impl: size_after[impl] - size_before[impl] for impl in IMPLS}
+    growth = {
+        impl: statistics.median(late[impl]) / statistics.median(early[impl]) for impl in IMPLS
+    }
+    return [
+        Row(
+            "growing",
+            f"bytes after {GROWING_TURNS} turns",
+            db,
+            "bytes",
+            Summary.single(grown["agentcheck"]),
+            Summary.single(grown["official"]),
+            Target(0.1 if db == "sqlite" else 0.3),
+        ),
+        Row("growing", f"put, turns 1-{EDGE}", db, "ms", *_summaries(early)),
+        Row(
+            "growing",
+            f"put, turns {GROWING_TURNS - EDGE + 1}-{GROWING_TURNS}",
+            db,
+            "ms",
+            *_summaries(late),
+        ),
+        Row(
+            "growing",
+            f"put growth, turn {GROWING_TURNS} / turn 1",
+            db,
+            "x",
+            Summary.single(growth["agentcheck"]),
+            Summary.single(growth["official"]),
+            Target(1.5, on="agentcheck"),
+        ),
+    ]
+
+
+# -- end to end: a 10-node graph ------------------------------------------------------------
+
+
+class Count(TypedDict):
+    count: int
+
+
+def _increment(state: Count) -> Count:
+    return {"count": state["count"] + 1}
+
+
+def linear_graph(nodes: int) -> StateGraph[Count]:
+    builder: StateGraph[Count] = StateGraph(Count)
+    previous = START
+    for i in range(nodes):
+        builder.add_node(f"n{i}", _increment)
+        builder.add_edge(previous, f"n{i}")
+        previous = f"n{i}"
+    builder.add_edge(previous, END)
+    return builder
+
+
+E2E_NODES = 10
+DURABILITIES: tuple[Durability, ...] = ("exit", "async", "sync")
+
+
+def end_to_end(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    for db in ctx.dbs:
+        with store_pair(ctx, db, "e2e") as stores:
+            rows += _end_to_end_on(ctx, db, stores)
+    return rows
+
+
+def _end_to_end_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
+    reps, warmup = ctx.scale(150, 40), 5
+    builder = linear_graph(E2E_NODES)
+    graphs = {
+        "none": builder.compile(),
+        "agentcheck": builder.compile(checkpointer=stores["agentcheck"].saver),
+        "official": builder.compile(checkpointer=stores["official"].saver),
+    }
+    names = tuple(graphs)
+    rows: list[Row] = []
+    for mode in DURABILITIES:
+        ctx.log(f"e2e/{db}: durability={mode}")
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for r, name in interleaved(warmup + reps, names):
+            config: RunnableConfig = {"configurable": {"thread_id": f"{mode}-{r}"}}
+            # Without a checkpointer durability means nothing (and LangGraph refuses "sync").
+            durability = None if name == "none" else mode
+            elapsed = timed_ms(
+                partial(graphs[name].invoke, {"count": 0}, config, durability=durability)
+            )
+            if r >= warmup:
+                samples[name].append(elapsed)
+        base = statistics.median(samples["none"])
+        added: dict[Impl, list[float]] = {
+            impl: [(t - base) / E2E_NODES for t in samples[impl]] for impl in IMPLS
+        }
+        rows.append(
+            Row(
+                "e2e",
+                f"ms added per super-step, durability={mode}",
+                db,
+                "ms",
+                *_summaries(added),
+                Target(0.5),
+                f"without a checkpointer: {base / E2E_NODES:.3f} ms per super-step",
+                {"no_checkpointer_ms_per_step": base / E2E_NODES},
+            )
+        )
+    return rows
+
+
+# -- journal overhead of wrapped calls ------------------------------------------------------
+
+
+CALLS = 20  # wrapped calls per node run
+JOURNAL_TARGET_MS: dict[Db, float] = {"sqlite": 0.5, "postgres": 1.5}
+
+
+def _charge(amount: int) -> int:
+    return amount
+
+
+charge = side_effect(name="charge")(_charge)
+
+
+def calls_graph(call: Callable[[int], object]) -> StateGraph[Count]:
+    """One node that makes ``CALLS`` calls."""
+
+    def work(state: Count) -> Count:
+        for i in range(CALLS):
+            call(i)
+        return {"count": state["count"] + CALLS}
+
+    builder: StateGraph[Count] = StateGraph(Count)
+    builder.add_node("work", work)
+    builder.add_edge(START, "work")
+    builder.add_edge("work", END)
+    return builder
+
+
+def _fake_model() -> BaseChatModel:
+    return FakeMessagesListChatModel(responses=[AIMessage("ok"), AIMessage("done")])
+
+
+def _invoke(model: BaseChatModel, prompt: list[BaseMessage]) -> Callable[[int], object]:
+    return lambda _: model.invoke(prompt)
+
+
+def journal_overhead(ctx: Context) -> list[Row]:
+    rows: list[Row] = []
+    small: list[BaseMessage] = [HumanMessage("What is the weather in Paris?")]
+    window = ctx.corpus.window(WINDOW, WINDOW)
+    bare, durable = _fake_model(), durable_model(_fake_model())
+    variants: list[tuple[str, Callable[[int], object], Callable[[int], object], bool]] = [
+        ("@side_effect call", _charge, charge, True),
+        ("durable_model call, 1-msg prompt", _invoke(bare, small), _invoke(durable, small), True),
+        (
+            f"durable_model call, {WINDOW}-msg prompt",
+            _invoke(bare, window),
+            _invoke(durable, window),
+            False,
+        ),
+    ]
+    reps, warmup = ctx.scale(60, 15), 3
+    for db in ctx.dbs:
+        with ctx.databases.open("agentcheck", db, "journal") as store:
+            for label, plain, wrapped, has_target in variants:
+                ctx.log(f"journal/{db}: {label}")
+                graphs = {
+                    "plain": calls_graph(plain).compile(checkpointer=store.saver),
+                    "wrapped": calls_graph(wrapped).compile(checkpointer=store.saver),
+                }
+                samples: dict[str, list[float]] = {name: [] for name in graphs}
+                for r, name in interleaved(warmup + reps, tuple(graphs)):
+                    config: RunnableConfig = {"configurable": {"thread_id": f"{label}-{r}"}}
+                    invoke = partial(graphs[name].invoke, {"count": 0}, config, durability="exit")
+                    elapsed = timed_ms(invoke)
+                    if r >= warmup:
+                        samples[name].append(elapsed)
+                base = statistics.median(samples["plain"])
+                overhead = [(t - base) / CALLS for t in samples["wrapped"]]
+                target = Target(JOURNAL_TARGET_MS[db], on="agentcheck") if has_target else None
+                rows.append(
+                    Row(
+                        "journal",
+                        f"{label}: ms added",
+                        db,
+                        "ms",
+                        Summary.of(overhead),
+                        None,
+                        target,
+                        f"the unwrapped call: {base / CALLS:.3f} ms per call (graph included)",
+                        {"unwrapped_ms_per_call": base / CALLS},
+                    )
+                )
+    return rows
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("chat", "a 57 KB chat state: put, writes, reads, bytes", chat_window),
+        Workload("filter", "metadata filters over many threads", metadata_filter),
+        Workload("growing", "a chat thread growing for 200 turns", growing_thread),
+        Workload("e2e", "a 10-node graph with each saver vs none", end_to_end),
+        Workload("journal", "the journal's cost per wrapped tool or model call", journal_overhead),
+    )
+}

@@ -1,0 +1,1244 @@
+"""Side-effect-aware calls inside one process: ``@side_effect``, ``@idempotent``,
+``durable_model`` and their unknown-outcome policies.
+
+No process is killed here (see ``test_crash.py``): a node runs again because of an
+``interrupt()`` resume, a ``RetryPolicy`` retry, or because it raised after the call and
+the graph was invoked again. The "started, never finished" state a crash leaves behind is
+produced by setting a completed step back to ``started`` with plain SQL on the database.
+
+Tests that run a graph are parametrized over the four savers (``KINDS``): sync savers run
+sync graphs with sync wrapped functions (``invoke``), async savers run async graphs with
+async wrapped functions (``ainvoke``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import operator
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import psycopg
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableBinding, RunnableLambda
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.func import entrypoint, task
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, create_react_agent
+from langgraph.types import Command, RetryPolicy, interrupt
+from pydantic import BaseModel
+from typing_extensions import TypedDict
+
+from agentcheck import (
+    NOT_DONE,
+    ToolOutcomeUnknown,
+    UnknownOutcome,
+    current_idempotency_key,
+    effect_scope,
+    idempotent,
+    side_effect,
+)
+from agentcheck.adapters.langgraph import durable_model
+from agentcheck.journal import Event, Step
+from fake_models import ScriptedChatModel, tool_call_message
+
+from savers_support import ASYNC_KINDS, KINDS, is_async, is_postgres, open_saver
+
+parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
+no_deprecation_noise = pytest.mark.filterwarnings(
+    "ignore::langgraph.warnings.LangGraphDeprecationWarning"
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest, sqlite_path: str) -> dict[str, str]:
+    """Where the parametrized ``kind`` stores (a PostgreSQL database only when needed)."""
+    kind = request.getfixturevalue("kind")
+    pg_url = request.getfixturevalue("pg_url") if is_postgres(kind) else ""
+    return {"sqlite_path": sqlite_path, "pg_url": pg_url}
+
+
+@pytest.fixture
+async def saver(kind: str, db: dict[str, str]) -> AsyncIterator[Any]:
+    async with open_saver(kind, **db) as opened:
+        yield opened
+
+
+async def call(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -> Any:
+    """``obj.method(...)`` for a sync kind, ``await obj.amethod(...)`` for an async one.
+
+    Works for graphs (``invoke``) and journals (``events``, ``steps``, ``get_step``).
+    """
+    if is_async(kind):
+        return await getattr(obj, "a" + method)(*args, **kwargs)
+    return getattr(obj, method)(*args, **kwargs)
+
+
+async def stream(graph: Any, kind: str, *args: Any, **kwargs: Any) -> list[Any]:
+    """All items of ``graph.stream`` / ``graph.astream``."""
+    if is_async(kind):
+        return [item async for item in graph.astream(*args, **kwargs)]
+    return list(graph.stream(*args, **kwargs))
+
+
+def config(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+class Flaky(Exception):
+    """Raised on purpose by a node or a tool on its first attempt."""
+
+
+class Log(TypedDict):
+    out: Annotated[list[Any], operator.add]
+
+
+def charge_fn(
+    kind: str,
+    calls: list[Any],
+    *,
+    decorate: Callable[[Any], Any] = side_effect,
+    fail_first: int = 0,
+) -> Any:
+    """A wrapped ``charge(amount)`` (async for async kinds) that appends to ``calls`` each
+    time it really runs, and raises :class:`Flaky` on its first ``fail_first`` runs."""
+
+    def body(amount: int) -> dict[str, int]:
+        calls.append(amount)
+        if len(calls) <= fail_first:
+            raise Flaky(f"card network down (run {len(calls)})")
+        return {"charged": amount, "run": len(calls)}
+
+    if is_async(kind):
+
+        async def charge(amount: int) -> dict[str, int]:
+            return body(amount)
+
+    else:
+
+        def charge(amount: int) -> dict[str, int]:  # type: ignore[misc]
+            return body(amount)
+
+    return decorate(charge)
+
+
+def calling_node(kind: str, fn: Any, args: tuple[Any, ...], after: Callable[[Any], Any]) -> Any:
+    """A node that calls ``fn(*args)`` (awaited for async kinds), then ``after(result)``."""
+    if is_async(kind):
+
+        async def node(state: Any) -> Any:
+            return after(await fn(*args))
+
+    else:
+
+        def node(state: Any) -> Any:  # type: ignore[misc]
+            return after(fn(*args))
+
+    return node
+
+
+def one_node_graph(node: Any, saver: Any, *, retry: RetryPolicy | None = None) -> Any:
+    builder = StateGraph(Log)
+    builder.add_node("work", node, retry_policy=retry)
+    builder.add_edge(START, "work")
+    builder.add_edge("work", END)
+    return builder.compile(checkpointer=saver)
+
+
+def retry_twice(on: type[BaseException] = Flaky) -> RetryPolicy:
+    return RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=False, retry_on=on)
+
+
+def of_kind(events: list[Event], kind: str) -> list[Event]:
+    return [e for e in events if e.kind == kind]
+
+
+def phases(events: list[Event], kind: str = "tool") -> list[str]:
+    return [e.phase for e in of_kind(events, kind)]
+
+
+async def only_step(saver: Any, kind: str, scope: str) -> Step:
+    steps = await call(saver.journal, "steps", kind, scope=scope)
+    assert len(steps) == 1, steps
+    return steps[0]
+
+
+def charges_done(steps: list[Step]) -> int:
+    return sum(1 for s in steps if s.kind == "tool" and s.name == "charge")
+
+
+async def wait_for_completed_charges(saver: Any, kind: str, scope: str, n: int) -> None:
+    """Wait until ``n`` charge steps of ``scope`` are completed.
+
+    A tool that fails or interrupts the tools node waits for its sibling calls first, so
+    that the node stops with their steps finished (as a sequential run would)."""
+    for _ in range(2000):
+        done = await call(saver.journal, "steps", kind, scope=scope, status=["completed"])
+        if charges_done(done) >= n:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{n} charges of {scope!r} never completed")
+
+
+def wait_for_completed_charges_sync(saver: Any, scope: str, n: int) -> None:
+    for _ in range(2000):
+        if charges_done(saver.journal.steps(scope=scope, status=["completed"])) >= n:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{n} charges of {scope!r} never completed")
+
+
+def set_steps_started(kind: str, db: dict[str, str], scope: str) -> int:
+    """What a crash inside a call leaves behind: the step row back at ``started``, with no
+    result and no end time. Plain SQL on a connection of its own; returns the row count."""
+    sql = (
+        "UPDATE agentcheck_steps SET status = 'started', finished_at = NULL, "
+        "result_type = NULL, result = NULL, error = NULL WHERE scope = {p}"
+    )
+    if is_postgres(kind):
+        with psycopg.connect(db["pg_url"], autocommit=True) as conn:
+            return conn.execute(sql.format(p="%s"), (scope,)).rowcount
+    with contextlib.closing(sqlite3.connect(db["sqlite_path"])) as conn, conn:
+        return conn.execute(sql.format(p="?"), (scope,)).rowcount
+
+
+# --------------------------------------------------------------------------- 1. interrupt
+
+
+@parametrize_kinds
+async def test_interrupt_resume_does_not_repeat_an_effect(kind: str, saver: Any) -> None:
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+    seen: list[Any] = []
+
+    def after(result: Any) -> dict[str, Any]:
+        seen.append(result)
+        answer = interrupt("charged: confirm the order?")
+        return {"out": [(result, answer)]}
+
+    graph = one_node_graph(calling_node(kind, charge, (5,), after), saver)
+    first = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert first["__interrupt__"][0].value == "charged: confirm the order?"
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+
+    assert calls == [5]
+    assert seen == [{"charged": 5, "run": 1}] * 2
+    assert final["out"] == [({"charged": 5, "run": 1}, "yes")]
+    events = await call(saver.journal, "events", kind, "t1")
+    tool_events = of_kind(events, "tool")
+    assert [e.phase for e in tool_events] == ["start", "end", "replay"]
+    assert {e.step_key for e in tool_events} == {tool_events[0].step_key}
+    assert tool_events[0].payload == {"amount": 5}
+    assert tool_events[1].payload == {"charged": 5, "run": 1}
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.attempts, step.result) == ("completed", 1, seen[0])
+
+
+# --------------------------------------------------------------------------- 2. node retry
+
+
+@parametrize_kinds
+async def test_node_retry_does_not_repeat_a_completed_effect(kind: str, saver: Any) -> None:
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+    attempts: list[Any] = []
+
+    def after(result: Any) -> dict[str, Any]:
+        attempts.append(result)
+        if len(attempts) == 1:
+            raise Flaky("the node fails after the charge")
+        return {"out": [result]}
+
+    graph = one_node_graph(calling_node(kind, charge, (7,), after), saver, retry=retry_twice())
+    final = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+
+    assert calls == [7]
+    assert attempts == [{"charged": 7, "run": 1}] * 2
+    assert final["out"] == [{"charged": 7, "run": 1}]
+    events = await call(saver.journal, "events", kind, "t1")
+    assert phases(events) == ["start", "end", "replay"]
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.attempts) == ("completed", 1)
+
+
+@parametrize_kinds
+async def test_node_retry_reruns_an_effect_that_raised(kind: str, saver: Any) -> None:
+    calls: list[int] = []
+    charge = charge_fn(kind, calls, fail_first=1)
+    graph = one_node_graph(
+        calling_node(kind, charge, (9,), lambda r: {"out": [r]}), saver, retry=retry_twice()
+    )
+    final = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+
+    assert calls == [9, 9]
+    assert final["out"] == [{"charged": 9, "run": 2}]
+    events = await call(saver.journal, "events", kind, "t1")
+    assert phases(events) == ["start", "error", "start", "end"]
+    error = of_kind(events, "tool")[1].error
+    assert error is not None and "Flaky" in error and "card network down" in error
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.attempts, step.error) == ("completed", 2, None)
+    assert step.result == {"charged": 9, "run": 2}
+
+
+# --------------------------------------------------------------------------- 3. @tool and keys
+
+
+def email_tool(kind: str, keys: list[str], inside: list[str | None]) -> Any:
+    """``send_email`` under ``@tool``, failing on its first run, recording its keys."""
+
+    def body(to: str, idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        inside.append(current_idempotency_key())
+        if len(keys) == 1:
+            raise ConnectionError("the mail server is down")
+        return f"sent to {to}"
+
+    if is_async(kind):
+
+        @tool
+        @side_effect
+        async def send_email(to: str, subject: str, idempotency_key: str) -> str:
+            """Send an email to someone."""
+            return body(to, idempotency_key)
+
+    else:
+
+        @tool
+        @side_effect
+        def send_email(to: str, subject: str, idempotency_key: str) -> str:  # type: ignore[misc]
+            """Send an email to someone."""
+            return body(to, idempotency_key)
+
+    return send_email
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"], ids=["sync", "async"])
+def test_tool_schema_hides_the_idempotency_key_and_keeps_the_description(kind: str) -> None:
+    send_email = email_tool(kind, [], [])
+    assert send_email.name == "send_email"
+    assert send_email.description == "Send an email to someone."
+    assert set(send_email.args) == {"to", "subject"}
+    schema = send_email.tool_call_schema.model_json_schema()
+    assert set(schema["properties"]) == {"to", "subject"}
+    assert "idempotency_key" not in schema.get("required", [])
+    assert "idempotency_key" not in str(send_email.args_schema.model_json_schema())
+    assert (send_email.coroutine if is_async(kind) else send_email.func) is not None
+
+
+def test_decorated_function_keeps_name_doc_and_a_signature_without_the_key() -> None:
+    @side_effect
+    def refund(order: str, cents: int, idempotency_key: str) -> str:
+        """Refund an order."""
+        return idempotency_key
+
+    assert refund.__name__ == "refund"
+    assert refund.__doc__ == "Refund an order."
+    assert list(inspect.signature(refund).parameters) == ["order", "cents"]
+
+
+@parametrize_kinds
+async def test_idempotency_key_is_stable_across_resume_and_is_the_current_key(
+    kind: str, saver: Any
+) -> None:
+    keys: list[str] = []
+    inside: list[str | None] = []
+    send_email = email_tool(kind, keys, inside)
+    args = {"to": "ann@example.com", "subject": "hello"}
+
+    def finish(sent: str | None) -> dict[str, Any]:
+        if sent is None:
+            interrupt("the mail server is down: try again?")
+        return {"out": [sent]}
+
+    if is_async(kind):
+
+        async def node(state: Log) -> dict[str, Any]:
+            try:
+                sent = await send_email.ainvoke(args)
+            except ConnectionError:
+                sent = None
+            return finish(sent)
+
+    else:
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            try:
+                sent = send_email.invoke(args)
+            except ConnectionError:
+                sent = None
+            return finish(sent)
+
+    graph = one_node_graph(node, saver)
+    first = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert "__interrupt__" in first
+    final = await call(graph, "invoke", kind, Command(resume="retry"), config("t1"))
+
+    assert final["out"] == ["sent to ann@example.com"]
+    assert len(keys) == 2 and keys[0] == keys[1]
+    assert keys[0].startswith("ac-")
+    assert inside == keys
+    assert current_idempotency_key() is None
+    step = await only_step(saver, kind, "t1")
+    assert step.idempotency_key == keys[0]
+    assert (step.status, step.attempts, step.args) == ("completed", 2, args)
+
+
+@parametrize_kinds
+async def test_two_calls_in_one_node_get_different_keys(kind: str, saver: Any) -> None:
+    keys: list[str] = []
+
+    if is_async(kind):
+
+        @side_effect
+        async def notify(who: str, idempotency_key: str) -> str:
+            keys.append(idempotency_key)
+            return who
+
+        async def node(state: Log) -> dict[str, Any]:
+            return {"out": [await notify("a"), await notify("b")]}
+
+    else:
+
+        @side_effect
+        def notify(who: str, idempotency_key: str) -> str:  # type: ignore[misc]
+            keys.append(idempotency_key)
+            return who
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            return {"out": [notify("a"), notify("b")]}
+
+    await call(one_node_graph(node, saver), "invoke", kind, {"out": []}, config("t1"))
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert len(set(keys)) == 2
+    assert sorted(s.idempotency_key for s in steps) == sorted(keys)
+    assert sorted(s.step_key.rsplit("|", 1)[1] for s in steps) == [
+        "tool:notify#0",
+        "tool:notify#1",
+    ]
+
+
+# --------------------------------------------------------------------------- 4. ToolNode
+
+
+def charge_tool(kind: str, calls: list[int]) -> Any:
+    if is_async(kind):
+
+        @tool
+        @side_effect
+        async def charge(amount: int) -> str:
+            """Charge the customer's card."""
+            calls.append(amount)
+            return f"charged {amount}"
+
+    else:
+
+        @tool
+        @side_effect
+        def charge(amount: int) -> str:  # type: ignore[misc]
+            """Charge the customer's card."""
+            calls.append(amount)
+            return f"charged {amount}"
+
+    return charge
+
+
+def third_tool(kind: str, saver: Any, thread_id: str, how: str) -> Any:
+    """A tool that, once both charges are recorded, interrupts or fails once."""
+    runs: list[str] = []
+
+    def act(what: str) -> str:
+        runs.append(what)
+        if how == "interrupt":
+            return str(interrupt(f"approve {what}?"))
+        if len(runs) == 1:
+            raise Flaky("the receipt printer jammed")
+        return f"printed {what}"
+
+    if is_async(kind):
+
+        @tool
+        async def receipt(what: str) -> str:
+            """Print or approve a receipt."""
+            await wait_for_completed_charges(saver, kind, thread_id, 2)
+            return act(what)
+
+    else:
+
+        @tool
+        def receipt(what: str) -> str:  # type: ignore[misc]
+            """Print or approve a receipt."""
+            wait_for_completed_charges_sync(saver, thread_id, 2)
+            return act(what)
+
+    return receipt
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("how", ["interrupt", "retry"])
+async def test_tool_node_parallel_calls_of_one_tool_are_keyed_by_call_id_and_replayed(
+    kind: str, saver: Any, how: str
+) -> None:
+    calls: list[int] = []
+    charge = charge_tool(kind, calls)
+    receipt = third_tool(kind, saver, "t1", how)
+    request = tool_call_message(
+        ("charge", {"amount": 1}, "call_a"),
+        ("charge", {"amount": 2}, "call_b"),
+        ("receipt", {"what": "order 1"}, "call_c"),
+    )
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [request]})
+    builder.add_node(
+        "tools",
+        ToolNode([charge, receipt], handle_tool_errors=False),
+        retry_policy=retry_twice() if how == "retry" else None,
+    )
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "tools")
+    builder.add_edge("tools", END)
+    graph = builder.compile(checkpointer=saver)
+
+    result = await call(graph, "invoke", kind, {"messages": [HumanMessage("pay")]}, config("t1"))
+    if how == "interrupt":
+        assert result["__interrupt__"][0].value == "approve order 1?"
+        assert sorted(calls) == [1, 2]
+        result = await call(graph, "invoke", kind, Command(resume="ok"), config("t1"))
+
+    assert sorted(calls) == [1, 2]
+    tool_messages = {m.tool_call_id: m.content for m in result["messages"] if m.type == "tool"}
+    assert tool_messages == {
+        "call_a": "charged 1",
+        "call_b": "charged 2",
+        "call_c": "ok" if how == "interrupt" else "printed order 1",
+    }
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert len(steps) == 2
+    by_call = {("call_a" if "@call_a#" in s.step_key else "call_b"): s for s in steps}
+    assert set(by_call) == {"call_a", "call_b"}
+    assert "@call_b#" in by_call["call_b"].step_key
+    assert by_call["call_a"].args == {"amount": 1} and by_call["call_b"].args == {"amount": 2}
+    assert {s.status for s in steps} == {"completed"}
+    events = of_kind(await call(saver.journal, "events", kind, "t1"), "tool")
+    for step in steps:
+        assert sorted(e.phase for e in events if e.step_key == step.step_key) == [
+            "end",
+            "replay",
+            "start",
+        ]
+
+
+def fail_once() -> Callable[[BaseMessage], BaseMessage]:
+    """After the model answers, fail the first time (the agent node raises)."""
+    seen: list[BaseMessage] = []
+
+    def check(message: BaseMessage) -> BaseMessage:
+        seen.append(message)
+        if len(seen) == 1:
+            raise Flaky("post-processing of the model's answer failed")
+        return message
+
+    return check
+
+
+def paid_calls(calls_file: Path) -> int:
+    return len(calls_file.read_text().splitlines()) if calls_file.exists() else 0
+
+
+@no_deprecation_noise
+@parametrize_kinds
+async def test_react_agent_reexecuted_repeats_neither_effects_nor_model_calls(
+    kind: str, saver: Any, tmp_path: Path
+) -> None:
+    calls: list[int] = []
+    charge = charge_tool(kind, calls)
+    receipt = third_tool(kind, saver, "t1", "retry")
+    calls_file = tmp_path / "model_calls"
+    scripted = ScriptedChatModel(
+        responses=[
+            tool_call_message(
+                ("charge", {"amount": 1}, "call_a"),
+                ("charge", {"amount": 2}, "call_b"),
+                ("receipt", {"what": "order 1"}, "call_c"),
+            ),
+            AIMessage("all paid", id="answer-2"),
+        ],
+        calls_file=str(calls_file),
+    )
+    model = durable_model(scripted).bind_tools([charge, receipt]) | RunnableLambda(fail_once())
+    agent = create_react_agent(
+        model,
+        ToolNode([charge, receipt], handle_tool_errors=False),
+        checkpointer=saver,
+        version="v1",
+    )
+
+    # 1: the model is called, then the agent node fails after it.
+    with pytest.raises(Flaky, match="post-processing"):
+        await call(agent, "invoke", kind, {"messages": [HumanMessage("pay")]}, config("t1"))
+    assert paid_calls(calls_file) == 1
+    # 2: invoked again: the model call is replayed; the tools node charges, then fails.
+    with pytest.raises(Flaky, match="receipt printer"):
+        await call(agent, "invoke", kind, None, config("t1"))
+    assert paid_calls(calls_file) == 1
+    assert sorted(calls) == [1, 2]
+    # 3: invoked again: the charges are replayed, the model answers a second time.
+    result = await call(agent, "invoke", kind, None, config("t1"))
+
+    assert sorted(calls) == [1, 2]
+    assert paid_calls(calls_file) == 2
+    assert result["messages"][-1].content == "all paid"
+    assert [m.content for m in result["messages"] if isinstance(m, ToolMessage)] == [
+        "charged 1",
+        "charged 2",
+        "printed order 1",
+    ]
+    events = await call(saver.journal, "events", kind, "t1")
+    assert phases(events, "llm") == ["start", "end", "replay", "start", "end"]
+    assert sorted(phases(events, "tool")) == ["end", "end", "replay", "replay", "start", "start"]
+
+
+# --------------------------------------------------------------------------- 5. unknown outcome
+
+
+async def left_started(
+    kind: str, saver: Any, db: dict[str, str], fn: Any, thread_id: str = "t1"
+) -> Any:
+    """Run a graph whose node calls ``fn(5)`` and then fails (first run only), then set
+    the call's step back to ``started``: the state a crash inside the call leaves. The
+    graph invoked again (``None``) re-executes the node. Returns the graph."""
+    runs: list[int] = []
+
+    def after(result: Any) -> dict[str, Any]:
+        runs.append(1)
+        if len(runs) == 1:
+            raise Flaky("the node fails after the call")
+        return {"out": [result]}
+
+    graph = one_node_graph(calling_node(kind, fn, (5,), after), saver)
+    with pytest.raises(Flaky):
+        await call(graph, "invoke", kind, {"out": []}, config(thread_id))
+    assert set_steps_started(kind, db, thread_id) == 1
+    step = await only_step(saver, kind, thread_id)
+    assert step.outcome_unknown
+    return graph
+
+
+@parametrize_kinds
+async def test_unknown_outcome_raises_by_default_and_does_not_rerun(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    calls: list[int] = []
+    graph = await left_started(kind, saver, db, charge_fn(kind, calls))
+    step = await only_step(saver, kind, "t1")
+
+    with pytest.raises(ToolOutcomeUnknown) as info:
+        await call(graph, "invoke", kind, None, config("t1"))
+
+    assert calls == [5]
+    message = str(info.value)
+    for part in ("charge", "amount=5", step.idempotency_key, step.started_at, "never finished"):
+        assert part in message
+    outcome = info.value.outcome
+    assert (outcome.tool, outcome.args, outcome.step_key) == (
+        "charge",
+        {"amount": 5},
+        step.step_key,
+    )
+    assert (outcome.idempotency_key, outcome.scope) == (step.idempotency_key, "t1")
+    after = await only_step(saver, kind, "t1")
+    assert (after.status, after.attempts, after.owner) == ("started", 1, step.owner)
+
+
+def reconciler(kind: str, seen: list[UnknownOutcome], answer: Any) -> Any:
+    """A reconcile callable (async for async kinds) returning ``answer``."""
+    if is_async(kind):
+
+        async def look_up(outcome: UnknownOutcome) -> Any:
+            seen.append(outcome)
+            return answer
+
+        return look_up
+
+    def look_up_sync(outcome: UnknownOutcome) -> Any:
+        seen.append(outcome)
+        return answer
+
+    return look_up_sync
+
+
+@parametrize_kinds
+async def test_unknown_outcome_reconciled_to_a_result_is_not_rerun(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    calls: list[int] = []
+    seen: list[UnknownOutcome] = []
+    found = {"charged": 5, "found_by": "lookup"}
+    fn = charge_fn(kind, calls, decorate=side_effect(reconcile=reconciler(kind, seen, found)))
+    graph = await left_started(kind, saver, db, fn)
+    step = await only_step(saver, kind, "t1")
+
+    final = await call(graph, "invoke", kind, None, config("t1"))
+
+    assert calls == [5]
+    assert final["out"] == [found]
+    assert len(seen) == 1
+    assert (seen[0].tool, seen[0].args, seen[0].idempotency_key) == (
+        "charge",
+        {"amount": 5},
+        step.idempotency_key,
+    )
+    done = await only_step(saver, kind, "t1")
+    assert (done.status, done.result, done.attempts) == ("completed", found, 2)
+    events = of_kind(await call(saver.journal, "events", kind, "t1"), "tool")
+    assert events[-1].phase == "end" and events[-1].name == "charge (reconciled)"
+    assert events[-1].payload == found
+
+
+@parametrize_kinds
+async def test_unknown_outcome_reconciled_not_done_is_rerun(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    calls: list[int] = []
+    seen: list[UnknownOutcome] = []
+    fn = charge_fn(kind, calls, decorate=side_effect(reconcile=reconciler(kind, seen, NOT_DONE)))
+    graph = await left_started(kind, saver, db, fn)
+
+    final = await call(graph, "invoke", kind, None, config("t1"))
+
+    assert calls == [5, 5]
+    assert len(seen) == 1
+    assert final["out"] == [{"charged": 5, "run": 2}]
+    done = await only_step(saver, kind, "t1")
+    assert (done.status, done.result, done.attempts) == ("completed", final["out"][0], 2)
+
+
+@parametrize_kinds
+async def test_unknown_outcome_of_an_idempotent_call_is_rerun(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    calls: list[int] = []
+    graph = await left_started(kind, saver, db, charge_fn(kind, calls, decorate=idempotent))
+
+    final = await call(graph, "invoke", kind, None, config("t1"))
+
+    assert calls == [5, 5]
+    assert final["out"] == [{"charged": 5, "run": 2}]
+    done = await only_step(saver, kind, "t1")
+    assert (done.status, done.effect, done.attempts) == ("completed", "idempotent", 2)
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("answer", ["retry", "result", "skip"])
+async def test_unknown_outcome_ask_interrupts_and_follows_the_answer(
+    kind: str, saver: Any, db: dict[str, str], answer: str
+) -> None:
+    calls: list[int] = []
+    fn = charge_fn(kind, calls, decorate=side_effect(on_unknown="ask"))
+    graph = await left_started(kind, saver, db, fn)
+    step = await only_step(saver, kind, "t1")
+
+    asked = await call(graph, "invoke", kind, None, config("t1"))
+    payload = asked["__interrupt__"][0].value
+    assert calls == [5]
+    assert payload["type"] == "agentcheck.unknown_outcome"
+    assert (payload["tool"], payload["args"]) == ("charge", {"amount": 5})
+    assert (payload["idempotency_key"], payload["step_key"]) == (
+        step.idempotency_key,
+        step.step_key,
+    )
+    assert payload["started_at"] == step.started_at
+    assert set(payload["choices"]) == {"retry", "result", "skip"}
+
+    resume = {"result": {"charged": 5, "by": "a human"}} if answer == "result" else answer
+    final = await call(graph, "invoke", kind, Command(resume=resume), config("t1"))
+
+    expected = {
+        "retry": {"charged": 5, "run": 2},
+        "result": {"charged": 5, "by": "a human"},
+        "skip": None,
+    }[answer]
+    assert calls == ([5, 5] if answer == "retry" else [5])
+    assert final["out"] == [expected]
+    done = await only_step(saver, kind, "t1")
+    assert (done.status, done.result) == ("completed", expected)
+
+
+@parametrize_kinds
+async def test_unknown_outcome_ask_rejects_an_unclear_answer(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    calls: list[int] = []
+    fn = charge_fn(kind, calls, decorate=side_effect(on_unknown="ask"))
+    graph = await left_started(kind, saver, db, fn)
+    await call(graph, "invoke", kind, None, config("t1"))
+
+    with pytest.raises(ValueError, match="cannot understand the answer 'maybe'") as info:
+        await call(graph, "invoke", kind, Command(resume="maybe"), config("t1"))
+
+    assert "'retry', 'skip' or {'result'" in str(info.value)
+    assert calls == [5]
+    assert (await only_step(saver, kind, "t1")).status == "started"
+
+
+def test_side_effect_refuses_on_unknown_retry_at_decoration() -> None:
+    with pytest.raises(ValueError, match="only @idempotent"):
+
+        @side_effect(on_unknown="retry")
+        def charge(amount: int) -> None: ...
+
+    with pytest.raises(ValueError, match="on_unknown must be"):
+        idempotent(on_unknown="later")  # type: ignore[call-overload]
+
+
+@parametrize_kinds
+async def test_cancelled_call_leaves_an_unknown_outcome_not_a_failure(
+    kind: str, saver: Any
+) -> None:
+    """A call cancelled while in flight (a timeout) may have had its effect: it did not
+    report a failure, so it must not be re-run blindly."""
+    started = asyncio.Event()
+    calls: list[int] = []
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        started.set()
+        await asyncio.Event().wait()  # the provider never answers
+        return amount
+
+    with effect_scope(saver.journal, "scope-cancel"):
+        running = asyncio.ensure_future(charge(3))
+        await started.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    step = await only_step(saver, kind, "scope-cancel")
+    assert step.status == "started"
+    with effect_scope(saver.journal, "scope-cancel"), pytest.raises(ToolOutcomeUnknown):
+        await charge(3)
+    assert calls == [3]
+
+
+# --------------------------------------------------------------------------- 6. where it works
+
+
+@parametrize_kinds
+async def test_functional_api_task_and_entrypoint_replay(kind: str, saver: Any) -> None:
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    if is_async(kind):
+
+        @task
+        async def book(x: int) -> Any:
+            charged = await charge(x)
+            return {"charged": charged, "answer": interrupt("book it?")}
+
+        @entrypoint(checkpointer=saver)
+        async def workflow(x: int) -> Any:
+            deposit = await charge(x + 100)
+            booked = await book(x)
+            return [deposit, booked, interrupt("all done?")]
+
+    else:
+
+        @task
+        def book(x: int) -> Any:  # type: ignore[misc]
+            charged = charge(x)
+            return {"charged": charged, "answer": interrupt("book it?")}
+
+        @entrypoint(checkpointer=saver)
+        def workflow(x: int) -> Any:  # type: ignore[misc]
+            deposit = charge(x + 100)
+            booked = book(x).result()
+            return [deposit, booked, interrupt("all done?")]
+
+    first = await call(workflow, "invoke", kind, 1, config("t1"))
+    assert first["__interrupt__"][0].value == "book it?"
+    second = await call(workflow, "invoke", kind, Command(resume="booked"), config("t1"))
+    assert second["__interrupt__"][0].value == "all done?"
+    final = await call(workflow, "invoke", kind, Command(resume="yes"), config("t1"))
+
+    assert calls == [101, 1]
+    assert final == [
+        {"charged": 101, "run": 1},
+        {"charged": {"charged": 1, "run": 2}, "answer": "booked"},
+        "yes",
+    ]
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert len(steps) == 2 and {s.status for s in steps} == {"completed"}
+    in_task = [s for s in steps if "|book:" in s.step_key]
+    assert len(in_task) == 1 and in_task[0].args == {"amount": 1}
+    events = of_kind(await call(saver.journal, "events", kind, "t1"), "tool")
+    replays = [e.step_key for e in events if e.phase == "replay"]
+    assert sorted(replays.count(s.step_key) for s in steps) == [1, 2]
+
+
+@parametrize_kinds
+async def test_subgraph_node_replays_after_interrupt_resume(kind: str, saver: Any) -> None:
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    def after(result: Any) -> dict[str, Any]:
+        return {"out": [result, interrupt("inside the subgraph: go on?")]}
+
+    inner = StateGraph(Log)
+    inner.add_node("pay", calling_node(kind, charge, (3,), after))
+    inner.add_edge(START, "pay")
+    inner.add_edge("pay", END)
+    outer = StateGraph(Log)
+    outer.add_node("checkout", inner.compile())
+    outer.add_edge(START, "checkout")
+    outer.add_edge("checkout", END)
+    graph = outer.compile(checkpointer=saver)
+
+    first = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert first["__interrupt__"][0].value == "inside the subgraph: go on?"
+    final = await call(graph, "invoke", kind, Command(resume="go"), config("t1"))
+
+    assert calls == [3]
+    assert final["out"] == [{"charged": 3, "run": 1}, "go"]
+    step = await only_step(saver, kind, "t1")
+    assert step.step_key.startswith("checkout:") and "|pay:" in step.step_key
+    events = await call(saver.journal, "events", kind, "t1")
+    assert phases(events) == ["start", "end", "replay"]
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+async def test_sync_wrapped_function_in_a_sync_node_of_an_async_graph(
+    kind: str, saver: Any
+) -> None:
+    """An async saver's journal takes the sync wrapper's calls from the node's thread."""
+    calls: list[int] = []
+    charge = charge_fn("sqlite", calls)
+
+    def node(state: Log) -> dict[str, Any]:
+        result = charge(4)
+        return {"out": [result, interrupt("ok?")]}
+
+    graph = one_node_graph(node, saver)
+    await graph.ainvoke({"out": []}, config("t1"))
+    final = await graph.ainvoke(Command(resume="ok"), config("t1"))
+    assert calls == [4]
+    assert final["out"] == [{"charged": 4, "run": 1}, "ok"]
+    assert phases(await saver.journal.aevents("t1")) == ["start", "end", "replay"]
+
+
+# --------------------------------------------------------------------------- 7. durable_model
+
+
+def scripted(tmp_path: Path, *messages: AIMessage) -> ScriptedChatModel:
+    return ScriptedChatModel(responses=list(messages), calls_file=str(tmp_path / "model_calls"))
+
+
+def answer_with_tool_call(message_id: str | None = "answer-1") -> AIMessage:
+    message = tool_call_message(
+        ("charge", {"amount": 1}, "call_a"), ("charge", {"amount": 2}, "call_b"),
+        content="paying both now",
+    )  # fmt: skip
+    message.id = message_id
+    return message
+
+
+def model_graph(kind: str, saver: Any, use: Callable[[list[BaseMessage]], Any], seen: list) -> Any:
+    """A graph whose node gets the model's answer with ``use`` (awaited for async kinds),
+    records it, then interrupts: the resume re-executes the node and the model call."""
+
+    def after(message: Any) -> dict[str, Any]:
+        seen.append(message)
+        interrupt("model answered: go on?")
+        return {"messages": [message]}
+
+    if is_async(kind):
+
+        async def node(state: MessagesState) -> dict[str, Any]:
+            return after(await use(state["messages"]))
+
+    else:
+
+        def node(state: MessagesState) -> dict[str, Any]:  # type: ignore[misc]
+            return after(use(state["messages"]))
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", node)
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    return builder.compile(checkpointer=saver)
+
+
+def model_user(kind: str, model: Any, how: str) -> Callable[[list[BaseMessage]], Any]:
+    """How the node calls the model: ``invoke`` or by ``stream`` (summing the chunks)."""
+    if how in ("invoke", "graph_stream"):
+        return model.ainvoke if is_async(kind) else model.invoke
+    if is_async(kind):
+
+        async def astreamed(messages: list[BaseMessage]) -> Any:
+            total = None
+            async for chunk in model.astream(messages):
+                total = chunk if total is None else total + chunk
+            return total
+
+        return astreamed
+
+    def streamed(messages: list[BaseMessage]) -> Any:
+        total = None
+        for chunk in model.stream(messages):
+            total = chunk if total is None else total + chunk
+        return total
+
+    return streamed
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("how", ["invoke", "model_stream", "graph_stream"])
+async def test_durable_model_is_not_called_again_and_replays_the_same_message(
+    kind: str, saver: Any, tmp_path: Path, how: str
+) -> None:
+    inner = scripted(tmp_path, answer_with_tool_call())
+    seen: list[Any] = []
+    graph = model_graph(kind, saver, model_user(kind, durable_model(inner), how), seen)
+    start = {"messages": [HumanMessage("pay for both orders")]}
+
+    if how == "graph_stream":
+        first = await stream(graph, kind, start, config("t1"), stream_mode="messages")
+        again = await stream(graph, kind, Command(resume=1), config("t1"), stream_mode="messages")
+        streamed = [
+            "".join(
+                str(chunk.content) for chunk, meta in items if meta["langgraph_node"] == "agent"
+            )
+            for items in (first, again)
+        ]
+        assert streamed == ["paying both now", "paying both now"]
+    else:
+        await call(graph, "invoke", kind, start, config("t1"))
+        await call(graph, "invoke", kind, Command(resume=1), config("t1"))
+
+    assert paid_calls(tmp_path / "model_calls") == 1
+    assert len(seen) == 2
+    original, replayed = seen
+    assert replayed.content == original.content == "paying both now"
+    assert replayed.id == original.id == "answer-1"
+    assert [tc["id"] for tc in replayed.tool_calls] == ["call_a", "call_b"]
+    assert replayed.tool_calls == original.tool_calls
+    assert replayed.usage_metadata == original.usage_metadata
+    final = await call(graph, "get_state", kind, config("t1"))
+    assert [tc["id"] for tc in final.values["messages"][-1].tool_calls] == ["call_a", "call_b"]
+    events = await call(saver.journal, "events", kind, "t1")
+    assert phases(events, "llm") == ["start", "end", "replay"]
+    step = await only_step(saver, kind, "t1")
+    assert (step.kind, step.name, step.effect) == ("llm", "scripted-chat-model", "idempotent")
+    assert "|llm:scripted-chat-model#0" in step.step_key
+
+
+@parametrize_kinds
+async def test_durable_model_replays_the_message_id_when_the_provider_gives_none(
+    kind: str, saver: Any, tmp_path: Path
+) -> None:
+    """A provider that returns no message id gets one from LangChain (from the run id):
+    the replayed message must carry the id of the message the first call produced."""
+    inner = scripted(tmp_path, answer_with_tool_call(message_id=None))
+    seen: list[Any] = []
+    graph = model_graph(kind, saver, model_user(kind, durable_model(inner), "invoke"), seen)
+    await call(graph, "invoke", kind, {"messages": [HumanMessage("pay")]}, config("t1"))
+    await call(graph, "invoke", kind, Command(resume=1), config("t1"))
+
+    assert paid_calls(tmp_path / "model_calls") == 1
+    original, replayed = seen
+    assert original.id is not None
+    assert replayed.id == original.id
+
+
+@parametrize_kinds
+async def test_durable_model_records_tokens_on_the_end_event_not_on_replay(
+    kind: str, saver: Any, tmp_path: Path
+) -> None:
+    inner = scripted(tmp_path, answer_with_tool_call())
+    seen: list[Any] = []
+    graph = model_graph(kind, saver, model_user(kind, durable_model(inner), "invoke"), seen)
+    await call(graph, "invoke", kind, {"messages": [HumanMessage("pay")]}, config("t1"))
+    await call(graph, "invoke", kind, Command(resume=1), config("t1"))
+
+    llm = {e.phase: e for e in of_kind(await call(saver.journal, "events", kind, "t1"), "llm")}
+    assert set(llm) == {"start", "end", "replay"}
+    assert (llm["end"].input_tokens, llm["end"].output_tokens) == (10, 5)
+    assert (llm["replay"].input_tokens, llm["replay"].output_tokens) == (None, None)
+    assert (llm["start"].input_tokens, llm["start"].output_tokens) == (None, None)
+
+
+@parametrize_kinds
+async def test_durable_model_bind_tools_binds_and_replays(
+    kind: str, saver: Any, tmp_path: Path
+) -> None:
+    calls: list[int] = []
+    charge = charge_tool(kind, calls)
+    inner = scripted(tmp_path, answer_with_tool_call())
+    bound = durable_model(inner).bind_tools([charge])
+    assert isinstance(bound, RunnableBinding)
+    assert [t["function"]["name"] for t in bound.kwargs["tools"]] == ["charge"]
+
+    seen: list[Any] = []
+    graph = model_graph(kind, saver, model_user(kind, bound, "invoke"), seen)
+    await call(graph, "invoke", kind, {"messages": [HumanMessage("pay")]}, config("t1"))
+    await call(graph, "invoke", kind, Command(resume=1), config("t1"))
+
+    assert paid_calls(tmp_path / "model_calls") == 1
+    assert seen[0].tool_calls == seen[1].tool_calls
+    assert calls == []  # binding tools runs none of them
+
+
+class Invoice(BaseModel):
+    customer: str
+    cents: int
+
+
+@parametrize_kinds
+async def test_durable_model_with_structured_output_is_replayed(
+    kind: str, saver: Any, tmp_path: Path
+) -> None:
+    inner = scripted(
+        tmp_path,
+        tool_call_message(("Invoice", {"customer": "ann", "cents": 1250}, "call_s")),
+    )
+    structured = durable_model(inner).with_structured_output(Invoice)
+    results: list[Any] = []
+
+    def after(invoice: Any) -> dict[str, Any]:
+        results.append(invoice)
+        return {"out": [invoice.model_dump(), interrupt("invoice ok?")]}
+
+    use = structured.ainvoke if is_async(kind) else structured.invoke
+    graph = one_node_graph(calling_node(kind, use, ("bill ann",), after), saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    final = await call(graph, "invoke", kind, Command(resume="ok"), config("t1"))
+
+    assert paid_calls(tmp_path / "model_calls") == 1
+    assert results == [Invoice(customer="ann", cents=1250)] * 2
+    assert final["out"] == [{"customer": "ann", "cents": 1250}, "ok"]
+    assert phases(await call(saver.journal, "events", kind, "t1"), "llm") == [
+        "start",
+        "end",
+        "replay",
+    ]
+
+
+# --------------------------------------------------------------------------- 8. unprotected
+
+
+def unique_charge(is_coroutine: bool, calls: list[int]) -> Any:
+    """A ``@side_effect`` function with a name no other test uses (the warning about an
+    unprotected call is given once per name and process)."""
+    name = f"charge_{uuid.uuid4().hex[:8]}"
+    if is_coroutine:
+
+        async def fn(amount: int, idempotency_key: str) -> str:
+            calls.append(amount)
+            return idempotency_key
+
+    else:
+
+        def fn(amount: int, idempotency_key: str) -> str:  # type: ignore[misc]
+            calls.append(amount)
+            return idempotency_key
+
+    fn.__name__ = fn.__qualname__ = name
+    return side_effect(fn)
+
+
+def unprotected_warnings(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "agentcheck" and r.levelno == logging.WARNING and name in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("is_coroutine", [False, True], ids=["sync", "async"])
+async def test_outside_a_graph_every_call_runs_with_one_warning(
+    is_coroutine: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+    charge = unique_charge(is_coroutine, calls)
+    caplog.set_level(logging.WARNING, logger="agentcheck")
+
+    keys = []
+    for amount in (1, 1, 2):
+        key = charge(amount)
+        keys.append(await key if is_coroutine else key)
+
+    assert calls == [1, 1, 2]
+    assert len(set(keys)) == 3  # no stable key without a journal
+    records = unprotected_warnings(caplog, charge.__name__)
+    assert len(records) == 1
+    assert "not protected against running twice" in records[0].getMessage()
+
+
+@pytest.mark.parametrize("is_coroutine", [False, True], ids=["sync", "async"])
+async def test_with_a_non_agentcheck_saver_every_call_runs_with_one_warning(
+    is_coroutine: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+    charge = unique_charge(is_coroutine, calls)
+    caplog.set_level(logging.WARNING, logger="agentcheck")
+    kind = "async_sqlite" if is_coroutine else "sqlite"
+    graph = one_node_graph(
+        calling_node(kind, charge, (6,), lambda key: {"out": [key, interrupt("ok?")]}),
+        InMemorySaver(),
+    )
+
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    await call(graph, "invoke", kind, Command(resume="ok"), config("t1"))
+
+    assert calls == [6, 6]
+    assert len(unprotected_warnings(caplog, charge.__name__)) == 1
+
+
+@parametrize_kinds
+async def test_effect_scope_journals_by_ordinal_and_replays_in_order(kind: str, saver: Any) -> None:
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    async def pass_(*amounts: int) -> list[Any]:
+        with effect_scope(saver.journal, "scope-1"):
+            if is_async(kind):
+                return [await charge(a) for a in amounts]
+            return [charge(a) for a in amounts]
+
+    first = await pass_(1, 2)
+    # A second pass in the same scope (after a crash): the calls line up by position,
+    # whatever their arguments; a call past the recorded ones runs.
+    second = await pass_(10, 20, 3)
+
+    assert first == [{"charged": 1, "run": 1}, {"charged": 2, "run": 2}]
+    assert second == [*first, {"charged": 3, "run": 3}]
+    assert calls == [1, 2, 3]
+    steps = await call(saver.journal, "steps", kind, scope="scope-1")
+    assert sorted(s.step_key for s in steps) == [
+        "|tool:charge#0",
+        "|tool:charge#1",
+        "|tool:charge#2",
+    ]
+    events = await call(saver.journal, "events", kind, "scope-1")
+    assert [(e.phase, e.step_key) for e in events] == [
+        ("start", "|tool:charge#0"),
+        ("end", "|tool:charge#0"),
+        ("start", "|tool:charge#1"),
+        ("end", "|tool:charge#1"),
+        ("replay", "|tool:charge#0"),
+        ("replay", "|tool:charge#1"),
+        ("start", "|tool:charge#2"),
+        ("end", "|tool:charge#2"),
+    ]

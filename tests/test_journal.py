@@ -1,0 +1,553 @@
+"""The Journal API (runs, events, the step ledger) on each of the four savers.
+
+Runs and node events come from real LangGraph graphs compiled with the saver; steps are
+written through the journal's own operations (``journal.run_op(lambda: journal.ops...)``),
+as the effect wrappers write them. Sync savers are driven through the sync API, async
+savers through the async one (``ainvoke``, ``aruns``, ``arun_op``...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+import pytest
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import Command, Send, interrupt
+from typing_extensions import TypedDict
+
+import agentcheck
+from agentcheck.journal import Claim, Event, Journal, Step
+
+from savers_support import KINDS, is_async, is_postgres, open_saver
+
+parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest, sqlite_path: str) -> dict[str, str]:
+    """Where the parametrized ``kind`` stores (a PostgreSQL database only when needed)."""
+    kind = request.getfixturevalue("kind")
+    pg_url = request.getfixturevalue("pg_url") if is_postgres(kind) else ""
+    return {"sqlite_path": sqlite_path, "pg_url": pg_url}
+
+
+@pytest.fixture
+async def saver(kind: str, db: dict[str, str]) -> AsyncIterator[Any]:
+    async with open_saver(kind, **db) as opened:
+        yield opened
+
+
+async def call(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -> Any:
+    """``obj.method(...)`` for a sync kind, ``await obj.amethod(...)`` for an async one."""
+    if is_async(kind):
+        return await getattr(obj, "a" + method)(*args, **kwargs)
+    return getattr(obj, method)(*args, **kwargs)
+
+
+async def run_op(journal: Journal, kind: str, make_op: Callable[[], Any]) -> Any:
+    """Run a journal operation in one transaction, in the kind's style."""
+    if is_async(kind):
+        return await journal.arun_op(make_op, True)
+    return journal.run_op(make_op, True)
+
+
+# Each checkpoint is written before the next step runs: the journal's view of a run is
+# then settled when a node runs and when invoke returns.
+SYNC = {"durability": "sync"}
+
+
+def config(thread_id: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def claim_op(
+    journal: Journal, scope: str, key: str, owner: str, *, run_id: str = "r1", args: Any = None
+) -> Callable[[], Any]:
+    return lambda: journal.ops.claim(
+        scope,
+        key,
+        run_id=run_id,
+        kind="tool",
+        name="charge",
+        effect="side_effect",
+        idempotency_key=f"ac-{scope}-{key}",
+        args=args,
+        owner=owner,
+    )
+
+
+def complete_op(
+    journal: Journal, scope: str, key: str, owner: str, result: Any
+) -> Callable[[], Any]:
+    return lambda: journal.ops.complete(scope, key, owner=owner, result=result, event=None)
+
+
+def fail_op(journal: Journal, scope: str, key: str, owner: str, error: str) -> Callable[[], Any]:
+    return lambda: journal.ops.fail(scope, key, owner=owner, error=error, event=None)
+
+
+class Log(TypedDict, total=False):
+    log: list[str]
+
+
+def merge_sorted(left: list[str] | None, right: list[str] | None) -> list[str]:
+    return sorted([*(left or []), *(right or [])])
+
+
+class Fanned(TypedDict, total=False):
+    items: list[str]
+    done: Annotated[list[str], merge_sorted]
+
+
+def linear_graph(saver: Any, names: tuple[str, ...] = ("fetch", "think", "write")) -> Any:
+    """START -> each name -> END; each node returns its name in ``log``."""
+    builder = StateGraph(Log)
+    previous = START
+    for name in names:
+        builder.add_node(name, lambda state, name=name: {"log": [*state.get("log", []), name]})
+        builder.add_edge(previous, name)
+        previous = name
+    builder.add_edge(previous, END)
+    return builder.compile(checkpointer=saver)
+
+
+def failing_graph(saver: Any, fail: list[bool]) -> Any:
+    """START -> prepare -> explode -> END; ``explode`` raises while ``fail[0]`` is true."""
+
+    def explode(state: Log) -> Log:
+        if fail[0]:
+            raise RuntimeError("the warehouse API said no")
+        return {"log": [*state.get("log", []), "explode"]}
+
+    builder = StateGraph(Log)
+    builder.add_node("prepare", lambda state: {"log": ["prepare"]})
+    builder.add_node("explode", explode)
+    builder.add_edge(START, "prepare")
+    builder.add_edge("prepare", "explode")
+    builder.add_edge("explode", END)
+    return builder.compile(checkpointer=saver)
+
+
+def run_events(events: list[Event]) -> list[tuple[str, str | None]]:
+    return [(e.phase, e.name) for e in events if e.kind == "run"]
+
+
+def node_names(events: list[Event], phase: str = "end") -> list[str | None]:
+    return [e.name for e in events if e.kind == "node" and e.phase == phase]
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@parametrize_kinds
+async def test_runs_lists_runs_and_filters_by_status_framework_and_limit(
+    kind: str, saver: Any
+) -> None:
+    journal = saver.journal
+    await call(linear_graph(saver), "invoke", kind, {"log": []}, config("ok-thread"))
+    with pytest.raises(RuntimeError):
+        await call(failing_graph(saver, [True]), "invoke", kind, {}, config("bad-thread"), **SYNC)
+    await call(
+        journal,
+        "start_run",
+        kind,
+        "custom-1",
+        framework="custom",
+        name="nightly batch",
+        metadata={"team": "ops", "size": 3},
+    )
+
+    everything = await call(journal, "runs", kind)
+    assert {r.run_id for r in everything} == {"ok-thread", "bad-thread", "custom-1"}
+    assert [r.updated_at for r in everything] == sorted(
+        (r.updated_at for r in everything), reverse=True
+    )
+    assert [r.run_id for r in await call(journal, "runs", kind, status="failed")] == ["bad-thread"]
+    assert [r.run_id for r in await call(journal, "runs", kind, status="succeeded")] == [
+        "ok-thread"
+    ]
+    langgraph_runs = await call(journal, "runs", kind, framework="langgraph")
+    assert {r.run_id for r in langgraph_runs} == {"ok-thread", "bad-thread"}
+    (custom,) = await call(journal, "runs", kind, framework="custom")
+    assert (custom.run_id, custom.name, custom.status) == ("custom-1", "nightly batch", "running")
+    assert custom.metadata == {"team": "ops", "size": 3}
+    assert await call(journal, "runs", kind, framework="custom", status="failed") == []
+    limited = await call(journal, "runs", kind, limit=2)
+    assert limited == everything[:2]
+
+
+@parametrize_kinds
+async def test_get_run_returns_the_run_or_none(kind: str, saver: Any) -> None:
+    await call(linear_graph(saver), "invoke", kind, {"log": []}, config("t1"))
+
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.run_id, run.framework, run.thread_id) == ("t1", "langgraph", "t1")
+    assert (run.status, run.attempt, run.error) == ("succeeded", 1, None)
+    assert run.ended_at is not None and run.created_at <= run.updated_at
+    assert await call(saver.journal, "get_run", kind, "no-such-run") is None
+
+
+@parametrize_kinds
+async def test_run_status_goes_running_interrupted_running_succeeded(kind: str, saver: Any) -> None:
+    seen_inside: list[tuple[str, int]] = []
+
+    def record(run: Any) -> None:
+        seen_inside.append((run.status, run.attempt))
+
+    if is_async(kind):
+
+        async def ask(state: Log) -> Log:
+            if not seen_inside:
+                record(await saver.journal.aget_run("t1"))
+            return {"log": [interrupt("approve?")]}
+
+    else:
+
+        def ask(state: Log) -> Log:  # type: ignore[misc]
+            if not seen_inside:
+                record(saver.journal.get_run("t1"))
+            return {"log": [interrupt("approve?")]}
+
+    builder = StateGraph(Log)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    assert seen_inside == [("running", 1)]
+    paused = await call(saver.journal, "get_run", kind, "t1")
+    assert (paused.status, paused.attempt, paused.ended_at) == ("interrupted", 1, None)
+
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **SYNC)
+    assert final == {"log": ["yes"]}
+    done = await call(saver.journal, "get_run", kind, "t1")
+    assert (done.status, done.attempt) == ("succeeded", 2)
+    assert done.ended_at is not None
+    events = await call(saver.journal, "events", kind, "t1")
+    assert run_events(events) == [
+        ("start", None),
+        ("interrupt", "interrupted"),
+        ("start", None),
+        ("end", "succeeded"),
+    ]
+    assert ("interrupt", "ask") in [(e.phase, e.name) for e in events if e.kind == "node"]
+
+
+@parametrize_kinds
+async def test_every_resumed_run_ends_succeeded_on_its_second_attempt(
+    kind: str, saver: Any
+) -> None:
+    """The resume value and the next checkpoint are stored concurrently: together they
+    restart the run once, and the run ends succeeded."""
+
+    def ask(state: Log) -> Log:
+        return {"log": [interrupt("approve?")]}
+
+    builder = StateGraph(Log)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+    for i in range(60):
+        await call(graph, "invoke", kind, {"log": []}, config(f"t{i}"), **SYNC)
+        await call(graph, "invoke", kind, Command(resume="yes"), config(f"t{i}"), **SYNC)
+
+    runs = await call(saver.journal, "runs", kind)
+    assert sorted((r.status, r.attempt) for r in runs) == [("succeeded", 2)] * 60
+
+
+@parametrize_kinds
+async def test_failing_node_marks_the_run_failed_with_the_error_text(kind: str, saver: Any) -> None:
+    fail = [True]
+    graph = failing_graph(saver, fail)
+    with pytest.raises(RuntimeError, match="warehouse"):
+        await call(graph, "invoke", kind, {}, config("t1"), **SYNC)
+
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert run.status == "failed"
+    assert run.error is not None and "the warehouse API said no" in run.error
+    assert run.ended_at is not None
+    events = await call(saver.journal, "events", kind, "t1")
+    (node_error,) = [e for e in events if e.kind == "node" and e.phase == "error"]
+    assert node_error.name == "explode"
+    assert node_error.error is not None and "the warehouse API said no" in node_error.error
+    assert run_events(events)[-1] == ("error", "failed")
+
+    # Invoked again once the cause is fixed: the same run goes on, and succeeds.
+    fail[0] = False
+    await call(graph, "invoke", kind, None, config("t1"), **SYNC)
+    again = await call(saver.journal, "get_run", kind, "t1")
+    assert (again.status, again.attempt, again.error) == ("succeeded", 2, None)
+
+
+@parametrize_kinds
+async def test_failed_runs_stay_failed_when_checkpoints_are_written_in_the_background(
+    kind: str, saver: Any
+) -> None:
+    """With LangGraph's default durability ("async") an earlier step's checkpoint can be
+    written after the failing task's error: that late checkpoint is no restart."""
+    graph = failing_graph(saver, [True])
+    for i in range(20):
+        with pytest.raises(RuntimeError):
+            await call(graph, "invoke", kind, {}, config(f"t{i}"))
+    runs = await call(saver.journal, "runs", kind)
+    assert sorted((r.status, r.attempt) for r in runs) == [("failed", 1)] * 20
+
+
+@parametrize_kinds
+async def test_run_succeeds_after_a_graph_that_fanned_out_with_send(kind: str, saver: Any) -> None:
+    """``Send`` leaves an empty ``__pregel_tasks`` list in later checkpoints (as the
+    default ``create_react_agent`` does): a finished graph must still end its run."""
+
+    builder = StateGraph(Fanned)
+    builder.add_node("plan", lambda state: {"items": ["a", "b"]})
+    builder.add_node("work", lambda arg: {"done": [arg["item"]]})
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges(
+        "plan", lambda state: [Send("work", {"item": i}) for i in state["items"]], ["work"]
+    )
+    builder.add_edge("work", END)
+    graph = builder.compile(checkpointer=saver)
+
+    final = await call(graph, "invoke", kind, {"items": []}, config("t1"))
+    assert final["done"] == ["a", "b"]
+    state = await call(graph, "get_state", kind, config("t1"))
+    assert state.next == ()
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert run.status == "succeeded"
+
+
+# --------------------------------------------------------------------------- events
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_node_end_events_are_named_after_the_nodes(
+    kind: str, saver: Any, durability: str
+) -> None:
+    await call(
+        linear_graph(saver), "invoke", kind, {"log": []}, config("t1"), durability=durability
+    )
+
+    events = await call(saver.journal, "events", kind, "t1")
+    # Task writes are stored in the background (in either durability mode), so node
+    # events are in the order they were stored, not necessarily the order nodes ran.
+    names = [n for n in node_names(events) if n != "__start__"]
+    assert sorted(names) == ["fetch", "think", "write"]
+    task_ids = [e.step_key for e in events if e.kind == "node" and e.name in names]
+    assert len(set(task_ids)) == 3 and all(task_ids)
+
+
+@parametrize_kinds
+async def test_node_events_of_send_tasks_are_named_after_their_node(kind: str, saver: Any) -> None:
+    builder = StateGraph(MessagesState)
+    builder.add_node("plan", lambda state: {"messages": []})
+    builder.add_node("work", lambda arg: {"messages": []})
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges(
+        "plan", lambda state: [Send("work", {"n": 1}), Send("work", {"n": 2})], ["work"]
+    )
+    builder.add_edge("work", END)
+    graph = builder.compile(checkpointer=saver)
+    await call(graph, "invoke", kind, {"messages": []}, config("t1"))
+
+    names = node_names(await call(saver.journal, "events", kind, "t1"))
+    assert sorted(n for n in names if n != "__start__") == ["plan", "work", "work"]
+
+
+@parametrize_kinds
+async def test_events_have_strictly_increasing_seq_and_after_filters(kind: str, saver: Any) -> None:
+    graph = linear_graph(saver)
+    await call(graph, "invoke", kind, {"log": []}, config("t1"))
+    await call(graph, "invoke", kind, {"log": []}, config("t2"))
+    await call(graph, "invoke", kind, {"log": []}, config("t1"))
+
+    events = await call(saver.journal, "events", kind, "t1")
+    seqs = [e.seq for e in events]
+    assert all(a < b for a, b in zip(seqs, seqs[1:], strict=False))
+    assert {e.run_id for e in events} == {"t1"}
+    assert run_events(events)[0] == ("start", None)
+    assert run_events(events)[-1] == ("end", "succeeded")
+    other = await call(saver.journal, "events", kind, "t2")
+    assert not {e.seq for e in other} & set(seqs)
+    assert await call(saver.journal, "events", kind, "t1", after=seqs[2]) == events[3:]
+    assert await call(saver.journal, "events", kind, "t1", after=seqs[-1]) == []
+    assert await call(saver.journal, "events", kind, "no-such-run") == []
+
+
+# --------------------------------------------------------------------------- steps
+
+
+async def ledger(journal: Journal, kind: str) -> None:
+    """s1/k1 completed, s1/k2 failed, s1/k3 started (run r1); s2/k1 completed (run r2)."""
+    for scope, key, run_id in (("s1", "k1", "r1"), ("s1", "k2", "r1"), ("s1", "k3", "r1")):
+        claim = await run_op(
+            journal, kind, claim_op(journal, scope, key, "w1", run_id=run_id, args={"k": key})
+        )
+        assert claim.owned
+    await run_op(journal, kind, claim_op(journal, "s2", "k1", "w2", run_id="r2"))
+    assert await run_op(journal, kind, complete_op(journal, "s1", "k1", "w1", {"ok": 1}))
+    assert await run_op(journal, kind, complete_op(journal, "s2", "k1", "w2", [1, 2]))
+    await run_op(journal, kind, fail_op(journal, "s1", "k2", "w1", "Timeout: no answer"))
+
+
+def keys(steps: list[Step]) -> set[tuple[str, str]]:
+    return {(s.scope, s.step_key) for s in steps}
+
+
+@parametrize_kinds
+async def test_steps_filter_by_run_scope_and_status(kind: str, saver: Any) -> None:
+    journal = saver.journal
+    await ledger(journal, kind)
+
+    def steps(**kwargs: Any) -> Any:
+        return call(journal, "steps", kind, **kwargs)
+
+    assert keys(await steps()) == {("s1", "k1"), ("s1", "k2"), ("s1", "k3"), ("s2", "k1")}
+    assert keys(await steps(scope="s1")) == {("s1", "k1"), ("s1", "k2"), ("s1", "k3")}
+    assert keys(await steps(run_id="r2")) == {("s2", "k1")}
+    assert keys(await steps(status=["completed"])) == {("s1", "k1"), ("s2", "k1")}
+    assert keys(await steps(scope="s1", status=["failed", "started"])) == {
+        ("s1", "k2"),
+        ("s1", "k3"),
+    }
+    assert keys(await steps(run_id="r1", scope="s2")) == set()
+
+    k1 = await call(journal, "get_step", kind, "s1", "k1")
+    assert (k1.status, k1.result, k1.args, k1.attempts) == ("completed", {"ok": 1}, {"k": "k1"}, 1)
+    assert (k1.kind, k1.name, k1.effect, k1.owner) == ("tool", "charge", "side_effect", "w1")
+    assert k1.idempotency_key == "ac-s1-k1" and k1.finished_at is not None
+    k2 = await call(journal, "get_step", kind, "s1", "k2")
+    assert (k2.status, k2.error, k2.outcome_unknown) == ("failed", "Timeout: no answer", False)
+    k3 = await call(journal, "get_step", kind, "s1", "k3")
+    assert (k3.status, k3.finished_at, k3.outcome_unknown) == ("started", None, True)
+    assert (await call(journal, "get_step", kind, "s2", "k1")).result == [1, 2]
+    assert await call(journal, "get_step", kind, "s1", "nope") is None
+
+
+@parametrize_kinds
+async def test_a_completed_step_is_never_overwritten(kind: str, saver: Any) -> None:
+    journal = saver.journal
+    first = await run_op(journal, kind, claim_op(journal, "s", "pay", "owner-a"))
+    assert first.owned and first.step.status == "started"
+    assert await run_op(journal, kind, complete_op(journal, "s", "pay", "owner-a", {"v": 1}))
+
+    # Another owner cannot complete it; its own owner cannot change its result.
+    assert not await run_op(journal, kind, complete_op(journal, "s", "pay", "owner-b", {"v": 2}))
+    await run_op(journal, kind, complete_op(journal, "s", "pay", "owner-a", {"v": 3}))
+    # Neither a new claim, a take-over, a failure nor a release changes it.
+    again = await run_op(journal, kind, claim_op(journal, "s", "pay", "owner-b"))
+    assert not again.owned and again.step.result == {"v": 1}
+    took = await run_op(
+        journal,
+        kind,
+        lambda: journal.ops.reclaim("s", "pay", seen_owner="owner-a", owner="owner-b", run_id="r"),
+    )
+    assert not took.owned
+    await run_op(journal, kind, fail_op(journal, "s", "pay", "owner-a", "late failure"))
+    await run_op(journal, kind, lambda: journal.ops.release("s", "pay", owner="owner-a"))
+
+    step = await call(journal, "get_step", kind, "s", "pay")
+    assert (step.status, step.result, step.owner, step.error) == (
+        "completed",
+        {"v": 1},
+        "owner-a",
+        None,
+    )
+    assert step.attempts == 1
+
+
+@parametrize_kinds
+async def test_two_concurrent_claims_of_one_step_give_exactly_one_owner(
+    kind: str, saver: Any
+) -> None:
+    journal = saver.journal
+    n_keys = 12
+    barrier = threading.Barrier(2)
+
+    def contender(owner: str) -> list[Claim]:
+        claims = []
+        for i in range(n_keys):
+            barrier.wait()
+            claims.append(journal.run_op(claim_op(journal, "s", f"k{i}", owner), True))
+        return claims
+
+    # Two threads (sync calls; an async saver takes them from threads other than its loop).
+    if is_async(kind):
+        a, b = await asyncio.gather(
+            asyncio.to_thread(contender, "thread-a"), asyncio.to_thread(contender, "thread-b")
+        )
+    else:
+        results: dict[str, list[Claim]] = {}
+        threads = [
+            threading.Thread(target=lambda o=o: results.__setitem__(o, contender(o)))
+            for o in ("thread-a", "thread-b")
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        a, b = results["thread-a"], results["thread-b"]
+
+    for i, (ca, cb) in enumerate(zip(a, b, strict=True)):
+        assert [ca.owned, cb.owned].count(True) == 1, i
+        assert ca.step.owner == cb.step.owner
+        assert ca.step.owner == ("thread-a" if ca.owned else "thread-b")
+    stored = await call(journal, "steps", kind, scope="s")
+    assert len(stored) == n_keys and {s.attempts for s in stored} == {1}
+
+    if is_async(kind):
+        # And two coroutines on the saver's own loop.
+        x, y = await asyncio.gather(
+            journal.arun_op(claim_op(journal, "s", "coro", "coro-x"), True),
+            journal.arun_op(claim_op(journal, "s", "coro", "coro-y"), True),
+        )
+        assert [x.owned, y.owned].count(True) == 1
+        assert x.step.owner == y.step.owner
+
+
+# --------------------------------------------------------------------------- connect
+
+
+@parametrize_kinds
+async def test_connect_reads_the_same_data_as_the_saver(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    await call(linear_graph(saver), "invoke", kind, {"log": []}, config("t1"))
+    with pytest.raises(RuntimeError):
+        await call(failing_graph(saver, [True]), "invoke", kind, {}, config("t2"), **SYNC)
+    await ledger(saver.journal, kind)
+
+    expected = (
+        await call(saver.journal, "runs", kind),
+        await call(saver.journal, "events", kind, "t1"),
+        await call(saver.journal, "events", kind, "t2"),
+        await call(saver.journal, "steps", kind),
+        await call(saver.journal, "get_run", kind, "t2"),
+        await call(saver.journal, "get_step", kind, "s1", "k1"),
+    )
+    assert len(expected[0]) == 2 and expected[1] and expected[3]
+    targets = (
+        [db["pg_url"]]
+        if is_postgres(kind)
+        else [db["sqlite_path"], "sqlite:///" + db["sqlite_path"]]
+    )
+    for target in targets:
+        with agentcheck.connect(target) as journal:
+            assert isinstance(journal, Journal)
+            seen = (
+                journal.runs(),
+                journal.events("t1"),
+                journal.events("t2"),
+                journal.steps(),
+                journal.get_run("t2"),
+                journal.get_step("s1", "k1"),
+            )
+        assert seen == expected, target
