@@ -307,8 +307,8 @@ class SaverCore(BaseCheckpointSaver[str]):
             and not any(ch.startswith("branch:to:") for ch in values)
         ):
             # No node is triggered and no task is pending: the graph has finished.
-            yield from self.journal_ops.set_run_status(thread_id, "succeeded")
-            self._run_status[thread_id] = ("succeeded", checkpoint_id)
+            if (yield from self.journal_ops.set_run_status(thread_id, "succeeded")):
+                self._run_status[thread_id] = ("succeeded", checkpoint_id)
         return None
 
     def _push_nodes_at(self, thread_id: str, ns: str, checkpoint_id: str) -> list[str] | None:
@@ -466,19 +466,7 @@ class SaverCore(BaseCheckpointSaver[str]):
 
         values: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
         for (thread_id, ns), pair_set in wanted.items():
-            found = values.setdefault((thread_id, ns), {})
-            for chunk in _chunks(sorted(pair_set)):
-                blob_rows = yield Query(
-                    self.sql.SELECT_BLOBS_PREFIX
-                    + "(VALUES "
-                    + ", ".join(["(?, ?)"] * len(chunk))
-                    + ")",
-                    (thread_id, ns, *[x for pair in chunk for x in pair]),
-                    fetch=True,
-                )
-                for channel, version, type_, data in blob_rows:
-                    if type_ != _EMPTY:
-                        found[(channel, version)] = (type_, data)
+            values[(thread_id, ns)] = yield from self._fetch_blobs(thread_id, ns, pair_set)
 
         writes: dict[tuple[str, str, str], list[tuple[tuple[str, str, int], PendingWrite]]] = {}
         for (thread_id, ns), id_list in ids.items():
@@ -539,6 +527,23 @@ class SaverCore(BaseCheckpointSaver[str]):
             )
         return result
 
+    def _fetch_blobs(
+        self, thread_id: str, ns: str, pairs: Iterable[tuple[str, str]]
+    ) -> Operation[dict[tuple[str, str], tuple[str, Any]]]:
+        """Stored values by (channel, version), without "empty" ones: primary-key look-ups
+        (a row-value IN list, which both databases answer from the index)."""
+        found: dict[tuple[str, str], tuple[str, Any]] = {}
+        for chunk in _chunks(sorted(pairs)):
+            rows = yield Query(
+                self.sql.SELECT_BLOBS_PREFIX + "(" + ", ".join(["(?, ?)"] * len(chunk)) + ")",
+                (thread_id, ns, *[x for pair in chunk for x in pair]),
+                fetch=True,
+            )
+            for channel, version, type_, data in rows:
+                if type_ != _EMPTY:
+                    found[(channel, version)] = (type_, data)
+        return found
+
     def _delta_channel_history(
         self, config: RunnableConfig, channels: Sequence[str]
     ) -> Operation[dict[str, DeltaChannelHistory]]:
@@ -574,19 +579,7 @@ class SaverCore(BaseCheckpointSaver[str]):
                 if ch in versions:
                     blob_keys[ch].append((depth, str(versions[ch])))
         pairs = sorted({(ch, v) for ch in channels for _, v in blob_keys[ch]})
-        stored: dict[tuple[str, str], tuple[str, Any]] = {}
-        for chunk in _chunks(pairs):
-            blob_rows = yield Query(
-                self.sql.SELECT_BLOBS_PREFIX
-                + "(VALUES "
-                + ", ".join(["(?, ?)"] * len(chunk))
-                + ")",
-                (thread_id, ns, *[x for pair in chunk for x in pair]),
-                fetch=True,
-            )
-            for channel, version, type_, data in blob_rows:
-                if type_ != _EMPTY:
-                    stored[(channel, version)] = (type_, data)
+        stored = yield from self._fetch_blobs(thread_id, ns, pairs)
         seed_depth: dict[str, int] = {}
         for ch in channels:
             for depth, version in blob_keys[ch]:

@@ -288,7 +288,10 @@ class AsyncSaver(SaverCore):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Store a checkpoint; values are written only for the channels in ``new_versions``."""
-        return await self._call(lambda: self._put(config, checkpoint, metadata, new_versions), True)
+        async with self._thread_lock(config):
+            return await self._call(
+                lambda: self._put(config, checkpoint, metadata, new_versions), True
+            )
 
     async def aput_writes(
         self,
