@@ -20,7 +20,8 @@ import hashlib
 import json
 import random
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -44,6 +45,7 @@ from agentcheck import _task_names as task_names
 from agentcheck._errors import CorruptDataError
 from agentcheck.backends.base import SQL, Operation, Query, Rows, in_list
 from agentcheck.journal import EventSpec, JournalOps, new_owner
+from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.serde import Codec, SafeSerializer
 
 __all__ = ["SaverCore"]
@@ -56,6 +58,16 @@ _CHUNK = 200  # keys per IN (...) list, well under every database's parameter li
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+@dataclass(frozen=True)
+class _Header:
+    """A delta row, decoded: ``value = snapshot(base_version)[shift:] + tail``."""
+
+    base_version: str
+    shift: int
+    tail_type: str
+    tail: bytes
 
 
 def _node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | None:
@@ -122,6 +134,7 @@ class SaverCore(BaseCheckpointSaver[str]):
         self.codec = Codec(encryption_key=encryption_key, compress_threshold=compress_threshold)
         self.journal_nodes = journal_nodes
         self.journal_ops = JournalOps(self)
+        self.list_deltas = ListDeltas()
         # Run status per thread as this saver last wrote it: a run is (re)started in the
         # journal on its first checkpoint in this process and after it paused or ended.
         self._run_status: dict[str, tuple[str, str | None]] = {}
@@ -184,13 +197,30 @@ class SaverCore(BaseCheckpointSaver[str]):
 
         values = checkpoint["channel_values"]
         blob_rows = []
+        remember: list[Callable[[], None]] = []
+        planned: dict[str, str] = {}  # channel -> snapshot version, for deltas written now
         for channel, version in new_versions.items():
             if channel in values:
-                type_, data = self._dump(values[channel])
+                delta, after = self.list_deltas.plan(
+                    (thread_id, ns, channel), str(version), values[channel]
+                )
+                if after is not None:
+                    remember.append(after)
+                if delta is not None:
+                    planned[channel] = delta.base_version
+                    tail_type, tail = self.serde.dumps_typed(delta.tail)
+                    packed = pack_delta(delta.base_version, delta.shift, tail_type, tail)
+                    type_, data = self.codec.encode(DELTA, packed)
+                else:
+                    type_, data = self._dump(values[channel])
             else:
                 type_, data = _EMPTY, b""
             blob_rows.append((thread_id, ns, channel, str(version), type_, data))
-        rest = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        rest: dict[str, Any] = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        bases = self.list_deltas.bases(thread_id, ns, checkpoint["channel_versions"])
+        bases.update(planned)
+        if bases:
+            rest[BASES_KEY] = bases
         cp_type, cp_data = self._dump(rest)
         meta = get_serializable_checkpoint_metadata(config, metadata)
         try:
@@ -214,6 +244,8 @@ class SaverCore(BaseCheckpointSaver[str]):
         yield Query(self.sql.DELETE_TERMS_OF, key)
         if terms:
             yield Query(self.sql.INSERT_TERM, terms, many=True)
+        for after in remember:
+            after()
         if self.journal_nodes:
             if not ns:
                 yield from self._journal_checkpoint(thread_id, checkpoint_id, meta, values)
@@ -459,9 +491,11 @@ class SaverCore(BaseCheckpointSaver[str]):
             key = (thread_id, ns, checkpoint_id)
             rest = self._load(cp_type, cp_data, "the checkpoint", key)
             meta = self._load(m_type, m_data, "the metadata", key)
+            bases = rest.pop(BASES_KEY, None) or {}
             decoded.append((key, parent_id, rest, meta))
             pairs = wanted.setdefault((thread_id, ns), set())
             pairs.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
+            pairs.update((ch, str(v)) for ch, v in bases.items())
             ids.setdefault((thread_id, ns), []).append(checkpoint_id)
 
         values: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
@@ -483,21 +517,18 @@ class SaverCore(BaseCheckpointSaver[str]):
                         (writes_sort_key(task_path, task_id, idx), (task_id, channel, value))
                     )
 
-        cache: dict[tuple[str, str, str, str], Any] = {}
+        caches: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
         result = []
         for key, parent_id, rest, meta in decoded:
             thread_id, ns, checkpoint_id = key
             found = values[(thread_id, ns)]
+            ns_cache = caches.setdefault((thread_id, ns), {})
             channel_values = {}
             for channel, version in rest.get("channel_versions", {}).items():
                 pair = (channel, str(version))
                 if pair not in found:
                     continue
-                ckey = (thread_id, ns, *pair)
-                if ckey not in cache:
-                    type_, data = found[pair]
-                    cache[ckey] = self._load(type_, data, f"channel {channel!r}", key)
-                channel_values[channel] = cache[ckey]
+                channel_values[channel] = self._value(found, pair, key, ns_cache)
             checkpoint = cast(Checkpoint, {**rest, "channel_values": channel_values})
             pending = [w for _, w in sorted(writes.get(key, []), key=lambda item: item[0])]
             result.append(
@@ -530,19 +561,71 @@ class SaverCore(BaseCheckpointSaver[str]):
     def _fetch_blobs(
         self, thread_id: str, ns: str, pairs: Iterable[tuple[str, str]]
     ) -> Operation[dict[tuple[str, str], tuple[str, Any]]]:
-        """Stored values by (channel, version), without "empty" ones: primary-key look-ups
-        (a row-value IN list, which both databases answer from the index)."""
+        """Stored values by (channel, version), without "empty" ones, plus the snapshots
+        their delta rows need: primary-key look-ups (a row-value IN list, which both
+        databases answer from the index), and one more round only for snapshots the
+        caller did not already ask for."""
         found: dict[tuple[str, str], tuple[str, Any]] = {}
-        for chunk in _chunks(sorted(pairs)):
-            rows = yield Query(
-                self.sql.SELECT_BLOBS_PREFIX + "(" + ", ".join(["(?, ?)"] * len(chunk)) + ")",
-                (thread_id, ns, *[x for pair in chunk for x in pair]),
-                fetch=True,
-            )
-            for channel, version, type_, data in rows:
-                if type_ != _EMPTY:
-                    found[(channel, version)] = (type_, data)
+        todo = set(pairs)
+        while todo:
+            for chunk in _chunks(sorted(todo)):
+                rows = yield Query(
+                    self.sql.SELECT_BLOBS_PREFIX + "(" + ", ".join(["(?, ?)"] * len(chunk)) + ")",
+                    (thread_id, ns, *[x for pair in chunk for x in pair]),
+                    fetch=True,
+                )
+                for channel, version, type_, data in rows:
+                    if type_ != _EMPTY:
+                        found[(channel, version)] = (type_, data)
+            todo = set()
+            for (channel, _version), (type_, data) in list(found.items()):
+                if type_.startswith(DELTA) and not isinstance(data, _Header):
+                    header = self._delta_header(type_, data, (thread_id, ns, channel))
+                    found[(channel, _version)] = (type_, header)
+                    if (channel, header.base_version) not in found:
+                        todo.add((channel, header.base_version))
         return found
+
+    def _delta_header(self, type_: str, data: Any, where: tuple[str, str, str]) -> _Header:
+        thread_id, ns, channel = where
+        try:
+            inner_type, packed = self.codec.decode(type_, data)
+            base, shift, tail_type, tail = unpack_delta(packed)
+        except Exception as exc:
+            raise CorruptDataError(
+                f"cannot read a stored version of channel {channel!r} in thread "
+                f"{thread_id!r} (namespace {ns!r}): {exc}"
+            ) from exc
+        return _Header(base, shift, tail_type, tail)
+
+    def _value(
+        self,
+        found: Mapping[tuple[str, str], tuple[str, Any]],
+        pair: tuple[str, str],
+        where: tuple[str, str, str],
+        cache: dict[tuple[str, str], Any],
+    ) -> Any:
+        """The value stored at (channel, version), decoded once per call site, a delta
+        rebuilt from its snapshot."""
+        if pair in cache:
+            return cache[pair]
+        channel = pair[0]
+        type_, data = found[pair]
+        if isinstance(data, _Header):
+            base_pair = (channel, data.base_version)
+            if base_pair not in found:
+                raise CorruptDataError(
+                    f"cannot read channel {channel!r} of checkpoint {where[2]!r} in thread "
+                    f"{where[0]!r} (namespace {where[1]!r}): its stored snapshot "
+                    f"{data.base_version!r} is missing"
+                )
+            base = self._value(found, base_pair, where, cache)
+            tail = self._load(data.tail_type, data.tail, f"channel {channel!r}", where)
+            value = list(base[data.shift :]) + list(tail)
+        else:
+            value = self._load(type_, data, f"channel {channel!r}", where)
+        cache[pair] = value
+        return value
 
     def _delta_channel_history(
         self, config: RunnableConfig, channels: Sequence[str]
@@ -585,9 +668,8 @@ class SaverCore(BaseCheckpointSaver[str]):
             for depth, version in blob_keys[ch]:
                 if (ch, version) in stored:
                     seed_depth[ch] = depth
-                    type_, data = stored[(ch, version)]
                     key = (thread_id, ns, ancestors[depth][0])
-                    result[ch]["seed"] = self._load(type_, data, f"channel {ch!r}", key)
+                    result[ch]["seed"] = self._value(stored, (ch, version), key, {})
                     break
         deepest = max((seed_depth.get(ch, len(ancestors) - 1) for ch in channels), default=0)
         depth_of = {row[0]: d for d, row in enumerate(ancestors[: deepest + 1])}
@@ -620,6 +702,7 @@ class SaverCore(BaseCheckpointSaver[str]):
     # -- deletion and retention -------------------------------------------------------
 
     def _delete_thread(self, thread_id: str) -> Operation[None]:
+        self.list_deltas.clear_thread(str(thread_id))
         for statement in self.sql.DELETE_THREAD:
             yield Query(statement, (str(thread_id),))
         return None
@@ -638,18 +721,33 @@ class SaverCore(BaseCheckpointSaver[str]):
             return None
         for statement in self.sql.DELETE_CHECKPOINT:
             yield Query(statement, doomed, many=True)
+        for thread_id in {t for t, _, _ in doomed}:
+            self.list_deltas.clear_thread(thread_id)
         for thread_ns in sorted({(t, ns) for t, ns, _ in doomed}):
             yield from self._collect_garbage(*thread_ns)
         return None
 
     def _collect_garbage(self, thread_id: str, ns: str) -> Operation[None]:
-        """Delete stored values no remaining checkpoint of (thread, namespace) refers to."""
+        """Delete stored values no remaining checkpoint of (thread, namespace) refers to,
+        keeping the snapshots that referenced deltas are built on, and each channel's
+        newest snapshot (a writer may still be making deltas of it)."""
         rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
         referenced: set[tuple[str, str]] = set()
         for cid, _parent, cp_type, cp_data, _mt, _md in rows:
             rest = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid))
             referenced.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
+            referenced.update((ch, str(v)) for ch, v in (rest.get(BASES_KEY) or {}).items())
         blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
+        deltas = [(ch, v) for ch, v, type_ in blob_rows if type_.startswith(DELTA)]
+        needed = [pair for pair in deltas if pair in referenced]
+        if needed:
+            found = yield from self._fetch_blobs(thread_id, ns, needed)
+            referenced.update(found)  # with the snapshots the deltas need
+        newest: dict[str, str] = {}
+        for ch, v, type_ in blob_rows:
+            if type_ != _EMPTY and not type_.startswith(DELTA) and v > newest.get(ch, ""):
+                newest[ch] = v
+        referenced.update(newest.items())
         unused = [(thread_id, ns, ch, v) for ch, v, _type in blob_rows if (ch, v) not in referenced]
         if unused:
             yield Query(self.sql.DELETE_BLOB, unused, many=True)
@@ -668,6 +766,7 @@ class SaverCore(BaseCheckpointSaver[str]):
         if strategy != "keep_latest":
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         for thread_id in map(str, thread_ids):
+            self.list_deltas.clear_thread(thread_id)
             ns_rows = yield Query(self.sql.SELECT_THREAD_NAMESPACES, (thread_id,), fetch=True)
             for (ns,) in ns_rows:
                 yield from self._keep_latest(thread_id, ns)
