@@ -7,6 +7,7 @@ psycopg is imported here only, so ``import agentcheck`` works without the
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -91,8 +92,14 @@ class SyncRunner:
             conn = None
             try:
                 with self._connection() as conn:
-                    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-                        return drive(make_op(), lambda q: _execute(cur, q))
+                    # Pipeline mode: statements whose rows are not needed go out without
+                    # waiting for each answer; a put is one round trip, not six.
+                    with (
+                        conn.pipeline(),
+                        conn.transaction(),
+                        conn.cursor(row_factory=tuple_row) as cur,
+                    ):
+                        return drive(make_op(), functools.partial(_execute, conn, cur))
             except Exception as exc:
                 if not _is_disconnect(exc, conn):
                     raise
@@ -131,8 +138,12 @@ class AsyncRunner:
             conn = None
             try:
                 async with self._connection() as conn:
-                    async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-                        return await adrive(make_op(), lambda q: _aexecute(cur, q))
+                    async with (
+                        conn.pipeline(),
+                        conn.transaction(),
+                        conn.cursor(row_factory=tuple_row) as cur,
+                    ):
+                        return await adrive(make_op(), functools.partial(_aexecute, conn, cur))
             except Exception as exc:
                 if not _is_disconnect(exc, conn):
                     raise
@@ -153,20 +164,30 @@ def _single_connection_error(exc: Exception, pool: str) -> Exception:
     return error
 
 
-def _execute(cur: Any, query: Query) -> Rows:
+def _execute(conn: Any, cur: Any, query: Query) -> Rows:
     if query.many:
         cur.executemany(_pg(query.sql), query.params)
         return []
-    cur.execute(_pg(query.sql), tuple(query.params))
-    return cur.fetchall() if query.fetch else []
+    if not query.fetch:
+        cur.execute(_pg(query.sql), tuple(query.params))
+        return []
+    # In pipeline mode a cursor's fetchall() may still hold an earlier statement's
+    # result: a statement whose rows we read gets a cursor of its own.
+    with conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
+        own.execute(_pg(query.sql), tuple(query.params))
+        return own.fetchall()  # type: ignore[no-any-return]
 
 
-async def _aexecute(cur: Any, query: Query) -> Rows:
+async def _aexecute(conn: Any, cur: Any, query: Query) -> Rows:
     if query.many:
         await cur.executemany(_pg(query.sql), query.params)
         return []
-    await cur.execute(_pg(query.sql), tuple(query.params))
-    return await cur.fetchall() if query.fetch else []
+    if not query.fetch:
+        await cur.execute(_pg(query.sql), tuple(query.params))
+        return []
+    async with conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
+        await own.execute(_pg(query.sql), tuple(query.params))
+        return await own.fetchall()  # type: ignore[no-any-return]
 
 
 def pool_kwargs() -> dict[str, Any]:
