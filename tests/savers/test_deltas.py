@@ -1,0 +1,201 @@
+"""Growing lists stored as deltas of a snapshot: every version reads back exactly, from
+the saver that wrote it and from a fresh one, across forks, pruning, copies, deletion of
+runs, and with encryption."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from test_storage import _rows
+
+from agentcheck import generate_key
+
+from savers_support import KINDS, is_async, open_saver
+
+TURNS = 30
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    turn: int
+
+
+def chat_graph() -> StateGraph[Chat]:
+    def reply(state: Chat) -> dict[str, Any]:
+        n = state["turn"]
+        return {"messages": [AIMessage(content=f"answer {n} " + "x" * 200, id=f"a{n}")]}
+
+    builder: StateGraph[Chat] = StateGraph(Chat)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    return builder
+
+
+def expected(turns: int) -> list[str]:
+    out = []
+    for n in range(turns):
+        out += [f"question {n}", f"answer {n} " + "x" * 200]
+    return out
+
+
+async def call(graph: Any, kind: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    if is_async(kind):
+        return await getattr(graph, "a" + method)(*args, **kwargs)
+    return getattr(graph, method)(*args, **kwargs)
+
+
+async def history(graph: Any, kind: str, config: Any) -> list[Any]:
+    if is_async(kind):
+        return [s async for s in graph.aget_state_history(config)]
+    return list(graph.get_state_history(config))
+
+
+async def run_chat(graph: Any, kind: str, thread: str, turns: int) -> None:
+    config = {"configurable": {"thread_id": thread}}
+    for n in range(turns):
+        question = HumanMessage(content=f"question {n}", id=f"q{n}")
+        await call(graph, kind, "invoke", {"messages": [question], "turn": n}, config)
+
+
+def contents(state: Any) -> list[str]:
+    return [str(m.content) for m in state.values.get("messages", [])]
+
+
+def check_history(states: list[Any], turns: int) -> None:
+    """Every checkpoint of the chat holds exactly the messages written up to it."""
+    loops = [s for s in states if s.metadata["source"] == "loop" and s.values.get("messages")]
+    assert len(loops) == 2 * turns  # after the question, and after the answer
+    for state in loops:
+        n = len(state.values["messages"])
+        assert contents(state) == expected(turns)[:n]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_growing_chat_is_stored_as_deltas_and_every_version_reads_back(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        await run_chat(graph, kind, "t", TURNS)
+        config = {"configurable": {"thread_id": "t"}}
+        state = await call(graph, kind, "get_state", config)
+        assert contents(state) == expected(TURNS)
+        check_history(await history(graph, kind, config), TURNS)
+        types = [
+            r[0]
+            for r in await _rows(
+                saver,
+                kind,
+                "SELECT type FROM agentcheck_blobs WHERE thread_id = ? AND channel = ?",
+                ("t", "messages"),
+            )
+        ]
+        deltas = [t for t in types if t.startswith("delta")]
+        # Most versions are deltas; whole copies only now and then.
+        assert len(deltas) > len(types) // 2
+        assert len(types) - len(deltas) < len(types) // 3
+
+    # A fresh saver, knowing nothing of the snapshots, reads the same (as a new process).
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        graph = chat_graph().compile(checkpointer=fresh)
+        check_history(await history(graph, kind, config), TURNS)
+        # ... and continues the thread correctly.
+        question = HumanMessage(content=f"question {TURNS}", id=f"q{TURNS}")
+        await call(graph, kind, "invoke", {"messages": [question], "turn": TURNS}, config)
+        state = await call(graph, kind, "get_state", config)
+        assert contents(state) == expected(TURNS + 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_fork_from_an_old_checkpoint_reads_its_own_branch(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        await run_chat(graph, kind, "t", 20)
+        config = {"configurable": {"thread_id": "t"}}
+        states = await history(graph, kind, config)
+        old = next(s for s in states if len(s.values.get("messages", [])) == 20)
+        forked = await call(
+            graph,
+            kind,
+            "update_state",
+            old.config,
+            {"messages": [HumanMessage(content="forked", id="f")]},
+        )
+        state = await call(graph, kind, "get_state", forked)
+        assert contents(state) == expected(10) + ["forked"]
+        latest = await call(graph, kind, "get_state", config)
+        assert contents(latest) == expected(10) + ["forked"]  # the fork is now the head
+        original = await call(graph, kind, "get_state", states[0].config)
+        assert contents(original) == expected(20)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_prune_copy_and_delete_for_runs_keep_deltas_readable(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        await run_chat(graph, kind, "t", 21)
+        config = {"configurable": {"thread_id": "t"}}
+        await call(saver, kind, "copy_thread", "t", "copy")
+        copy_state = await call(graph, kind, "get_state", {"configurable": {"thread_id": "copy"}})
+        assert contents(copy_state) == expected(21)
+
+        if is_async(kind):
+            await saver.aprune(["t"], strategy="keep_latest")
+        else:
+            saver.prune(["t"], strategy="keep_latest")
+        state = await call(graph, kind, "get_state", config)
+        assert contents(state) == expected(21)
+        # Writing on after the prune (the saver's snapshot memory was dropped with it).
+        await run_chat_from(graph, kind, "t", 21, 25)
+        state = await call(graph, kind, "get_state", config)
+        assert contents(state) == expected(25)
+
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        graph = chat_graph().compile(checkpointer=fresh)
+        state = await call(graph, kind, "get_state", config)
+        assert contents(state) == expected(25)
+        copy_state = await call(graph, kind, "get_state", {"configurable": {"thread_id": "copy"}})
+        assert contents(copy_state) == expected(21)
+
+
+async def run_chat_from(graph: Any, kind: str, thread: str, start: int, end: int) -> None:
+    config = {"configurable": {"thread_id": thread}}
+    for n in range(start, end):
+        question = HumanMessage(content=f"question {n}", id=f"q{n}")
+        await call(graph, kind, "invoke", {"messages": [question], "turn": n}, config)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_deltas_are_encrypted_too(kind: str, sqlite_path: str, pg_url: str) -> None:
+    key = generate_key()
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key
+    ) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        await run_chat(graph, kind, "t", 12)
+        types = {
+            r[0]
+            for r in await _rows(
+                saver,
+                kind,
+                "SELECT type FROM agentcheck_blobs WHERE thread_id = ? AND channel = ?",
+                ("t", "messages"),
+            )
+        }
+        assert any(t.startswith("delta") for t in types)
+        assert all(t.endswith("+aes") for t in types)
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key
+    ) as fresh:
+        graph = chat_graph().compile(checkpointer=fresh)
+        config = {"configurable": {"thread_id": "t"}}
+        check_history(await history(graph, kind, config), 12)
