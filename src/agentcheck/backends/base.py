@@ -150,6 +150,12 @@ class SQL:
         "AND c.checkpoint_ns = t0.checkpoint_ns AND c.checkpoint_id = t0.checkpoint_id"
     )
     LIST_FIRST_TERM = "t0.term = ?"
+    # How many rows a term matches, counted no further than 1,000 (an index range scan):
+    # a filter with several terms is driven from its rarest one.
+    TERM_COUNT = (
+        "(SELECT COUNT(*) FROM (SELECT 1 FROM agentcheck_metadata_terms "
+        "WHERE term = ? LIMIT 1000) AS n)"
+    )
     LIST_TERM = (
         "EXISTS (SELECT 1 FROM agentcheck_metadata_terms t WHERE t.term = ? "
         "AND t.thread_id = c.thread_id AND t.checkpoint_ns = c.checkpoint_ns "
@@ -158,13 +164,14 @@ class SQL:
     LIST_ORDER = " ORDER BY c.checkpoint_id DESC"
     LIST_ORDER_BY_TERM = " ORDER BY t0.checkpoint_id DESC"
 
-    SELECT_BLOBS_PREFIX = (
-        "SELECT channel, version, type, blob FROM agentcheck_blobs "
-        "WHERE thread_id = ? AND checkpoint_ns = ? AND (channel, version) IN "
+    SELECT_BLOBS_ANY = (
+        "SELECT thread_id, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
+        "WHERE (thread_id, checkpoint_ns, channel, version) IN "
     )
-    SELECT_WRITES_PREFIX = (
-        "SELECT checkpoint_id, task_id, channel, type, blob, task_path, idx "
-        "FROM agentcheck_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id IN "
+    SELECT_WRITES_ANY = (
+        "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, channel, type, blob, "
+        "task_path, idx FROM agentcheck_writes "
+        "WHERE (thread_id, checkpoint_ns, checkpoint_id) IN "
     )
     SELECT_WRITES_FOR_CHANNELS = (
         "SELECT checkpoint_id, task_id, channel, type, blob, task_path, idx "

@@ -446,6 +446,11 @@ class SaverCore(BaseCheckpointSaver[str]):
         where: list[str] = []
         params: list[Any] = []
         terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
+        if len(terms) > 1:
+            counts = yield Query(
+                "SELECT " + ", ".join([self.sql.TERM_COUNT] * len(terms)), terms, fetch=True
+            )
+            terms = [t for _, t in sorted(zip(counts[0], terms, strict=True))]
         if terms:
             where.append(self.sql.LIST_FIRST_TERM)
             params.append(terms[0])
@@ -498,24 +503,34 @@ class SaverCore(BaseCheckpointSaver[str]):
             pairs.update((ch, str(v)) for ch, v in bases.items())
             ids.setdefault((thread_id, ns), []).append(checkpoint_id)
 
-        values: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
-        for (thread_id, ns), pair_set in wanted.items():
-            values[(thread_id, ns)] = yield from self._fetch_blobs(thread_id, ns, pair_set)
+        # One query for the values and one for the writes of all rows, whatever threads
+        # they come from (a filtered list spans many).
+        values = yield from self._fetch_blobs_of(wanted)
 
         writes: dict[tuple[str, str, str], list[tuple[tuple[str, str, int], PendingWrite]]] = {}
-        for (thread_id, ns), id_list in ids.items():
-            for chunk in _chunks(id_list):
-                write_rows = yield Query(
-                    self.sql.SELECT_WRITES_PREFIX + "(" + in_list(len(chunk)) + ")",
-                    (thread_id, ns, *chunk),
-                    fetch=True,
+        keys = [(t, ns, cid) for (t, ns), id_list in ids.items() for cid in id_list]
+        for chunk in _chunks(keys):
+            write_rows = yield Query(
+                self.sql.SELECT_WRITES_ANY + "(" + ", ".join(["(?, ?, ?)"] * len(chunk)) + ")",
+                [x for key in chunk for x in key],
+                fetch=True,
+            )
+            for (
+                thread_id,
+                ns,
+                checkpoint_id,
+                task_id,
+                channel,
+                type_,
+                data,
+                path,
+                idx,
+            ) in write_rows:
+                key = (thread_id, ns, checkpoint_id)
+                value = self._load(type_, data, f"pending write {channel!r}", key)
+                writes.setdefault(key, []).append(
+                    (writes_sort_key(path, task_id, idx), (task_id, channel, value))
                 )
-                for checkpoint_id, task_id, channel, type_, data, task_path, idx in write_rows:
-                    key = (thread_id, ns, checkpoint_id)
-                    value = self._load(type_, data, f"pending write {channel!r}", key)
-                    writes.setdefault(key, []).append(
-                        (writes_sort_key(task_path, task_id, idx), (task_id, channel, value))
-                    )
 
         caches: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
         result = []
@@ -561,29 +576,42 @@ class SaverCore(BaseCheckpointSaver[str]):
     def _fetch_blobs(
         self, thread_id: str, ns: str, pairs: Iterable[tuple[str, str]]
     ) -> Operation[dict[tuple[str, str], tuple[str, Any]]]:
-        """Stored values by (channel, version), without "empty" ones, plus the snapshots
-        their delta rows need: primary-key look-ups (a row-value IN list, which both
-        databases answer from the index), and one more round only for snapshots the
-        caller did not already ask for."""
-        found: dict[tuple[str, str], tuple[str, Any]] = {}
-        todo = set(pairs)
+        """Stored values of one (thread, namespace) by (channel, version)."""
+        found = yield from self._fetch_blobs_of({(thread_id, ns): set(pairs)})
+        return found.get((thread_id, ns), {})
+
+    def _fetch_blobs_of(
+        self, wanted: Mapping[tuple[str, str], Iterable[tuple[str, str]]]
+    ) -> Operation[dict[tuple[str, str], dict[tuple[str, str], tuple[str, Any]]]]:
+        """Stored values, per (thread, namespace), by (channel, version), without "empty"
+        ones, plus the snapshots their delta rows need: primary-key look-ups (a row-value
+        IN list, which both databases answer from the index), and one more round only
+        for snapshots the caller did not already ask for."""
+        found: dict[tuple[str, str], dict[tuple[str, str], tuple[str, Any]]] = {
+            tn: {} for tn in wanted
+        }
+        todo = {(t, ns, ch, v) for (t, ns), pairs in wanted.items() for ch, v in pairs}
         while todo:
             for chunk in _chunks(sorted(todo)):
                 rows = yield Query(
-                    self.sql.SELECT_BLOBS_PREFIX + "(" + ", ".join(["(?, ?)"] * len(chunk)) + ")",
-                    (thread_id, ns, *[x for pair in chunk for x in pair]),
+                    self.sql.SELECT_BLOBS_ANY
+                    + "("
+                    + ", ".join(["(?, ?, ?, ?)"] * len(chunk))
+                    + ")",
+                    [x for key in chunk for x in key],
                     fetch=True,
                 )
-                for channel, version, type_, data in rows:
+                for thread_id, ns, channel, version, type_, data in rows:
                     if type_ != _EMPTY:
-                        found[(channel, version)] = (type_, data)
+                        found[(thread_id, ns)][(channel, version)] = (type_, data)
             todo = set()
-            for (channel, _version), (type_, data) in list(found.items()):
-                if type_.startswith(DELTA) and not isinstance(data, _Header):
-                    header = self._delta_header(type_, data, (thread_id, ns, channel))
-                    found[(channel, _version)] = (type_, header)
-                    if (channel, header.base_version) not in found:
-                        todo.add((channel, header.base_version))
+            for (thread_id, ns), by_pair in found.items():
+                for (channel, version), (type_, data) in list(by_pair.items()):
+                    if type_.startswith(DELTA) and not isinstance(data, _Header):
+                        header = self._delta_header(type_, data, (thread_id, ns, channel))
+                        by_pair[(channel, version)] = (type_, header)
+                        if (channel, header.base_version) not in by_pair:
+                            todo.add((thread_id, ns, channel, header.base_version))
         return found
 
     def _delta_header(self, type_: str, data: Any, where: tuple[str, str, str]) -> _Header:
