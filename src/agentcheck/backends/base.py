@@ -143,30 +143,43 @@ class SQL:
         "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type, "
         "c.checkpoint, c.metadata_type, c.metadata FROM agentcheck_checkpoints c"
     )
-    LIST_SELECT_BY_TERM = (
-        "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type, "
-        "c.checkpoint, c.metadata_type, c.metadata FROM agentcheck_metadata_terms t0 "
-        "JOIN agentcheck_checkpoints c ON c.thread_id = t0.thread_id "
-        "AND c.checkpoint_ns = t0.checkpoint_ns AND c.checkpoint_id = t0.checkpoint_id"
+    LIST_KEYS_BY_TERM = (
+        "SELECT t0.thread_id, t0.checkpoint_ns, t0.checkpoint_id FROM agentcheck_metadata_terms t0"
+    )
+    LIST_IN_KEYS = (
+        " WHERE (c.thread_id, c.checkpoint_ns, c.checkpoint_id) IN ({keys})"
+        " ORDER BY c.checkpoint_id DESC"
     )
     LIST_FIRST_TERM = "t0.term = ?"
-    # How many rows a term matches, counted no further than 1,000 (an index range scan):
-    # a filter with several terms is driven from its rarest one.
+    # How many rows a term matches, counted no further than 2,000 (an index range
+    # scan): a filter with several terms is driven from its rarest one.
     TERM_COUNT = (
         "(SELECT COUNT(*) FROM (SELECT 1 FROM agentcheck_metadata_terms "
-        "WHERE term = ? LIMIT 1000) AS n)"
+        "WHERE term = ? LIMIT 2000) AS n)"
     )
     LIST_TERM = (
         "EXISTS (SELECT 1 FROM agentcheck_metadata_terms t WHERE t.term = ? "
-        "AND t.thread_id = c.thread_id AND t.checkpoint_ns = c.checkpoint_ns "
-        "AND t.checkpoint_id = c.checkpoint_id)"
+        "AND t.thread_id = t0.thread_id AND t.checkpoint_ns = t0.checkpoint_ns "
+        "AND t.checkpoint_id = t0.checkpoint_id)"
     )
-    LIST_ORDER = " ORDER BY c.checkpoint_id DESC"
-    LIST_ORDER_BY_TERM = " ORDER BY t0.checkpoint_id DESC"
 
+    # Whether a look-up of many keys across threads should be one query with a
+    # multi-column row-value IN list (PostgreSQL plans it as index look-ups and it saves
+    # round trips), or one query per (thread, namespace) (SQLite scans the table for a
+    # 4-column IN list, but uses the index for a 2-column one under a fixed prefix).
+    MULTI_KEY_IN = True
     SELECT_BLOBS_ANY = (
         "SELECT thread_id, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
         "WHERE (thread_id, checkpoint_ns, channel, version) IN "
+    )
+    SELECT_BLOBS_OF = (
+        "SELECT thread_id, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND (channel, version) IN "
+    )
+    SELECT_WRITES_OF = (
+        "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, channel, type, blob, "
+        "task_path, idx FROM agentcheck_writes "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id IN "
     )
     SELECT_WRITES_ANY = (
         "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, channel, type, blob, "

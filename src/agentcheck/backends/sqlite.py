@@ -20,7 +20,9 @@ T = TypeVar("T")
 
 
 class SqliteSQL(SQL):
-    """SQLite needs nothing beyond the portable statements."""
+    """SQLite looks keys up one (thread, namespace) at a time (see ``MULTI_KEY_IN``)."""
+
+    MULTI_KEY_IN = False
 
 
 # INTEGER PRIMARY KEY is the rowid: assigned in insert order.

@@ -51,6 +51,7 @@ from agentcheck.serde import Codec, SafeSerializer
 __all__ = ["SaverCore"]
 
 _EMPTY = "empty"  # a channel with a version but no value (for example a DeltaChannel step)
+_COMMON_KEYS = ('["source"]=', '["step"]=', '["parents"')  # terms shared by many rows
 _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 
@@ -450,7 +451,18 @@ class SaverCore(BaseCheckpointSaver[str]):
             counts = yield Query(
                 "SELECT " + ", ".join([self.sql.TERM_COUNT] * len(terms)), terms, fetch=True
             )
-            terms = [t for _, t in sorted(zip(counts[0], terms, strict=True))]
+            # Ties (both past the count's cap): LangGraph's own keys with few values last.
+            terms = [
+                t
+                for _, _, t in sorted(
+                    (n, t.startswith(_COMMON_KEYS), t)
+                    for n, t in zip(counts[0], terms, strict=True)
+                )
+            ]
+        # With a filter, the matching keys are found in the terms index alone (driven
+        # from the rarest term, in checkpoint order, stopping at the limit), then their
+        # checkpoints are read; without one, the checkpoints table is walked.
+        alias = "t0" if terms else "c"
         if terms:
             where.append(self.sql.LIST_FIRST_TERM)
             params.append(terms[0])
@@ -460,24 +472,26 @@ class SaverCore(BaseCheckpointSaver[str]):
         if config is not None:
             conf = config.get("configurable", {})
             if conf.get("thread_id") is not None:
-                where.append("c.thread_id = ?")
+                where.append(f"{alias}.thread_id = ?")
                 params.append(str(conf["thread_id"]))
             if conf.get("checkpoint_ns") is not None:
-                where.append("c.checkpoint_ns = ?")
+                where.append(f"{alias}.checkpoint_ns = ?")
                 params.append(str(conf["checkpoint_ns"]))
             if checkpoint_id := get_checkpoint_id(config):
-                where.append("c.checkpoint_id = ?")
+                where.append(f"{alias}.checkpoint_id = ?")
                 params.append(checkpoint_id)
         if before is not None and (before_id := get_checkpoint_id(before)):
-            where.append("c.checkpoint_id < ?")
+            where.append(f"{alias}.checkpoint_id < ?")
             params.append(before_id)
-        sql = self.sql.LIST_SELECT_BY_TERM if terms else self.sql.LIST_SELECT
+        sql = self.sql.LIST_KEYS_BY_TERM if terms else self.sql.LIST_SELECT
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += self.sql.LIST_ORDER_BY_TERM if terms else self.sql.LIST_ORDER
+        sql += f" ORDER BY {alias}.checkpoint_id DESC"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(int(limit))
+        if terms:
+            sql = self.sql.LIST_SELECT + self.sql.LIST_IN_KEYS.format(keys=sql)
         rows = yield Query(sql, params, fetch=True)
         if not rows:
             return []
@@ -509,12 +523,10 @@ class SaverCore(BaseCheckpointSaver[str]):
 
         writes: dict[tuple[str, str, str], list[tuple[tuple[str, str, int], PendingWrite]]] = {}
         keys = [(t, ns, cid) for (t, ns), id_list in ids.items() for cid in id_list]
-        for chunk in _chunks(keys):
-            write_rows = yield Query(
-                self.sql.SELECT_WRITES_ANY + "(" + ", ".join(["(?, ?, ?)"] * len(chunk)) + ")",
-                [x for key in chunk for x in key],
-                fetch=True,
-            )
+        for query in self._key_queries(
+            keys, 2, self.sql.SELECT_WRITES_ANY, self.sql.SELECT_WRITES_OF
+        ):
+            write_rows = yield query
             for (
                 thread_id,
                 ns,
@@ -573,6 +585,31 @@ class SaverCore(BaseCheckpointSaver[str]):
             )
         return result
 
+    def _key_queries(
+        self, keys: Sequence[tuple[str, ...]], prefix: int, any_sql: str, of_sql: str
+    ) -> Iterable[Query]:
+        """Queries looking up ``keys`` (whose first ``prefix`` parts are thread and
+        namespace): one row-value IN list over all of them, or one per prefix, as the
+        database plans best (``SQL.MULTI_KEY_IN``)."""
+        if self.sql.MULTI_KEY_IN:
+            width = len(keys[0]) if keys else 0
+            row = "(" + ", ".join("?" * width) + ")"
+            for chunk in _chunks(keys):
+                params = [x for key in chunk for x in key]
+                sql = any_sql + "(" + ", ".join([row] * len(chunk)) + ")"
+                yield Query(sql, params, fetch=True)
+            return
+        groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+        for key in keys:
+            groups.setdefault(key[:prefix], []).append(key[prefix:])
+        for head, rests in groups.items():
+            width = len(rests[0])
+            row = "(" + ", ".join("?" * width) + ")" if width > 1 else "?"
+            for chunk in _chunks(rests):
+                params = [*head, *[x for rest in chunk for x in rest]]
+                sql = of_sql + "(" + ", ".join([row] * len(chunk)) + ")"
+                yield Query(sql, params, fetch=True)
+
     def _fetch_blobs(
         self, thread_id: str, ns: str, pairs: Iterable[tuple[str, str]]
     ) -> Operation[dict[tuple[str, str], tuple[str, Any]]]:
@@ -592,15 +629,10 @@ class SaverCore(BaseCheckpointSaver[str]):
         }
         todo = {(t, ns, ch, v) for (t, ns), pairs in wanted.items() for ch, v in pairs}
         while todo:
-            for chunk in _chunks(sorted(todo)):
-                rows = yield Query(
-                    self.sql.SELECT_BLOBS_ANY
-                    + "("
-                    + ", ".join(["(?, ?, ?, ?)"] * len(chunk))
-                    + ")",
-                    [x for key in chunk for x in key],
-                    fetch=True,
-                )
+            for query in self._key_queries(
+                sorted(todo), 2, self.sql.SELECT_BLOBS_ANY, self.sql.SELECT_BLOBS_OF
+            ):
+                rows = yield query
                 for thread_id, ns, channel, version, type_, data in rows:
                     if type_ != _EMPTY:
                         found[(thread_id, ns)][(channel, version)] = (type_, data)
