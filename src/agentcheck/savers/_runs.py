@@ -1,0 +1,173 @@
+"""The journal of LangGraph runs, kept by the savers as they store checkpoints.
+
+A mixin of :class:`~agentcheck.savers._core.SaverCore`, free of I/O like it: each method
+is part of an operation and yields the journal's queries in the same transaction as the
+checkpoint or writes that caused them (docs/journal.md, "What LangGraph runs write").
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME
+
+from agentcheck import _task_names as task_names
+from agentcheck.backends.base import Operation
+from agentcheck.journal import EventSpec, JournalOps
+
+__all__ = ["RunJournal"]
+
+
+def _node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | None:
+    """The node of a task path: ``~__pregel_pull, agent`` names it; a Send task's
+    ``~__pregel_push, 0000000002, ...`` indexes the checkpoint's pending Sends."""
+    parts = [p.strip() for p in task_path.lstrip("~").split(",")]
+    if len(parts) >= 2 and parts[0] == "__pregel_pull":
+        return parts[1]
+    if len(parts) >= 2 and parts[0] == "__pregel_push" and push_nodes and parts[1].isdigit():
+        index = int(parts[1])
+        if index < len(push_nodes) and push_nodes[index]:
+            return push_nodes[index]
+    return None
+
+
+class RunJournal:
+    """Run transitions and node events of the graphs that use a saver."""
+
+    journal_nodes: bool
+    journal_ops: JournalOps
+    # Per thread: the run's status as this saver last wrote it, and the checkpoint id of
+    # that transition.
+    _run_status: dict[str, tuple[str, str | None]]
+    # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
+    _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
+
+    # The run of a thread moves through running -> interrupted / failed / succeeded ->
+    # running (a resume) ... Each transition is tied to the checkpoint it concerns, and
+    # LangGraph may store checkpoints and task writes in any order (``durability="async"``,
+    # or concurrently on pooled connections), so a transition only applies when its
+    # checkpoint is not older than the one of the last transition: a late, older write
+    # never undoes a newer state. (Checkpoint ids grow with time.) The savers serialize
+    # these operations per thread within a process; across processes the SQL itself is
+    # conditional (see START_RUN, MARK_SUCCEEDED).
+
+    def _start_if_due(
+        self, thread_id: str, checkpoint_id: str, *, force: bool = False
+    ) -> Operation[str]:
+        """Start or restart the run if it is not running as of ``checkpoint_id``."""
+        status, at = self._run_status.get(thread_id, (None, None))
+        due = status is None or (status != "running" and (at is None or checkpoint_id >= at))
+        if due or force:
+            yield from self.journal_ops.start_run(
+                thread_id, framework="langgraph", thread_id=thread_id
+            )
+            self._run_status[thread_id] = ("running", checkpoint_id)
+            return "running"
+        return status or "running"
+
+    def _journal_checkpoint(
+        self,
+        thread_id: str,
+        checkpoint_id: str,
+        meta: Mapping[str, Any],
+        values: Mapping[str, Any],
+    ) -> Operation[None]:
+        """A root checkpoint: (re)start the thread's run (on new input, on the first
+        checkpoint this process writes for it: a resume after a crash, or on a checkpoint
+        after a pause), and end it when nothing is left to run."""
+        status, at = self._run_status.get(thread_id, (None, None))
+        if status != "running" and at is not None and checkpoint_id <= at:
+            return None  # a late write of the checkpoint the run paused or ended at
+        status = yield from self._start_if_due(
+            thread_id, checkpoint_id, force=meta.get("source") == "input"
+        )
+        pending = values.get("__pregel_tasks")
+        if pending:
+            self._remember_push_nodes((thread_id, "", checkpoint_id), pending)
+        if (
+            status == "running"
+            and meta.get("source") == "loop"
+            and not pending
+            and not any(ch.startswith("branch:to:") for ch in values)
+        ):
+            # No node is triggered and no task is pending: the graph has finished.
+            if (yield from self.journal_ops.set_run_status(thread_id, "succeeded")):
+                self._run_status[thread_id] = ("succeeded", checkpoint_id)
+        return None
+
+    def _push_nodes_at(self, thread_id: str, ns: str, checkpoint_id: str) -> list[str] | None:
+        """The nodes of the Sends pending at a checkpoint, if it was written already."""
+        return self._push_nodes.get((thread_id, ns, checkpoint_id))
+
+    def _remember_push_nodes(self, key: tuple[str, str, str], pending: Any) -> None:
+        """Keep the node names of a checkpoint's pending Send tasks: their writes name the
+        task only by its index in this list."""
+        try:
+            self._push_nodes[key] = [str(getattr(send, "node", "")) for send in pending]
+        except TypeError:
+            return
+        while len(self._push_nodes) > 1024:
+            self._push_nodes.popitem(last=False)
+
+    def _ensure_run(self, run_id: str, framework: str) -> Operation[None]:
+        """Start the run in the journal unless this process already did: called before a
+        wrapped call's first event, so a resumed attempt's events follow its start."""
+        status, at = self._run_status.get(run_id, (None, None))
+        if status != "running":
+            yield from self.journal_ops.start_run(run_id, framework=framework, thread_id=run_id)
+            self._run_status[run_id] = ("running", at)
+        return None
+
+    def _journal_task(
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        task_id: str,
+        task_path: str,
+        writes: Sequence[tuple[str, Any]],
+    ) -> Operation[None]:
+        """A task's writes: it ended, failed or paused for an interrupt."""
+        channels = {channel for channel, _ in writes}
+        status, at = self._run_status.get(thread_id, (None, None))
+        # Writes of a step older than the run's last transition are still logged, but
+        # change the run's status no more.
+        stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
+        if not stale:
+            if channels <= {RESUME} or status is None:
+                # A resume value arriving (Command(resume=...)), or the first write this
+                # process sees for the thread: the run goes on.
+                yield from self._start_if_due(thread_id, checkpoint_id)
+        if channels <= {RESUME}:
+            return None
+        new_status: str | None
+        if ERROR in channels:
+            phase, new_status = "error", "failed"
+        elif INTERRUPT in channels:
+            phase, new_status = "interrupt", "interrupted"
+        else:
+            phase, new_status = "end", None
+        error = next((repr(v) for c, v in writes if c == ERROR), None)
+        name = _node_name(task_path, self._push_nodes_at(thread_id, ns, checkpoint_id))
+        name = name or task_names.lookup(task_id)
+        yield from self.journal_ops.append(
+            EventSpec(
+                thread_id,
+                "task" if ns else "node",
+                phase,
+                name=name or task_id,
+                step_key=task_id,
+                error=error,
+            )
+        )
+        if new_status is not None and not stale:
+            yield from self.journal_ops.set_run_status(
+                thread_id,
+                new_status,  # type: ignore[arg-type]
+                error=error,
+                framework="langgraph",
+            )
+            self._run_status[thread_id] = (new_status, checkpoint_id)
+        return None
