@@ -42,7 +42,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agentcheck._errors import CorruptDataError
 from agentcheck.backends.base import SQL, Operation, Query, Rows, in_list
-from agentcheck.journal import JournalOps, new_owner
+from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import RunJournal
 from agentcheck.serde import Codec, SafeSerializer
@@ -129,6 +129,15 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self._push_nodes: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         # Names this process in the runs it drives (agentcheck_runs.owner).
         self.owner = new_owner()
+
+    _journal: Journal | None = None
+
+    @property
+    def journal(self) -> Journal:
+        """The journal (runs, events, step ledger) in this saver's database."""
+        if self._journal is None:
+            self._journal = Journal(self)
+        return self._journal
 
     # -- encoding -------------------------------------------------------------------
 

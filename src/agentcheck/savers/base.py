@@ -25,7 +25,6 @@ from langgraph.checkpoint.base import (
 )
 
 from agentcheck.backends.base import Operation, migrate
-from agentcheck.journal import Journal
 from agentcheck.savers._core import SaverCore
 
 __all__ = ["AsyncSaver", "SyncSaver"]
@@ -43,7 +42,6 @@ class SyncSaver(SaverCore):
 
     migrations: tuple[tuple[str, ...], ...] = ()
     _is_setup = False
-    _journal: Journal | None = None
     # One thread's checkpoint writes are serialized in this process, so that the
     # journal's run transitions are decided and written in one piece (see _core).
     _thread_locks: tuple[threading.Lock, ...] = tuple(threading.Lock() for _ in range(_STRIPES))
@@ -61,13 +59,6 @@ class SyncSaver(SaverCore):
         at once and inside an open transaction. Called automatically on first use."""
         self._run(lambda: migrate(self.sql, self.migrations), True)
         self._is_setup = True
-
-    @property
-    def journal(self) -> Journal:
-        """The journal (runs, events, step ledger) in this saver's database."""
-        if self._journal is None:
-            self._journal = Journal(self)
-        return self._journal
 
     def run_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
         """Run an operation in one transaction (for the journal)."""
@@ -199,7 +190,6 @@ class AsyncSaver(SaverCore):
 
     migrations: tuple[tuple[str, ...], ...] = ()
     _is_setup = False
-    _journal: Journal | None = None
     loop: asyncio.AbstractEventLoop | None = None
     _async_locks: tuple[asyncio.Lock, ...] | None = None
 
@@ -208,13 +198,6 @@ class AsyncSaver(SaverCore):
         if self._async_locks is None:
             self._async_locks = tuple(asyncio.Lock() for _ in range(_STRIPES))
         return self._async_locks[_stripe(config["configurable"]["thread_id"])]
-
-    @property
-    def journal(self) -> Journal:
-        """The journal (runs, events, step ledger) in this saver's database."""
-        if self._journal is None:
-            self._journal = Journal(self)
-        return self._journal
 
     def run_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
         """Run an operation from a thread other than the saver's event loop."""
