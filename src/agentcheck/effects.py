@@ -247,6 +247,9 @@ class EffectSpec:
     kind: str = "tool"
     # Token usage of a result, for the end event (model calls).
     usage: Callable[[Any], tuple[int | None, int | None]] | None = None
+    # Whether the start event repeats the arguments (the ledger has them anyway; a
+    # model's prompt is large and already in the checkpoint).
+    log_args: bool = True
 
 
 def protocol(
@@ -267,6 +270,8 @@ def protocol(
         kw.setdefault("name", spec.name)
         return EventSpec(run_id, spec.kind, phase, step_key=step_key, **kw)
 
+    start_payload = args if spec.log_args else None
+
     def claim_again(step: Step) -> _Db:
         return _Db(
             lambda: ops.reclaim(
@@ -275,7 +280,7 @@ def protocol(
                 seen_owner=step.owner,
                 owner=owner,
                 run_id=run_id,
-                event=event("start", payload=args),
+                event=event("start", payload=start_payload),
             )
         )
 
@@ -290,7 +295,7 @@ def protocol(
             idempotency_key=key,
             args=args,
             owner=owner,
-            event=event("start", payload=args),
+            event=event("start", payload=start_payload),
             ensure_run=ctx.framework,
         )
     )

@@ -18,8 +18,9 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from agentcheck._errors import UnsafeTypeError
@@ -109,9 +110,21 @@ class Step:
     owner: str
     started_at: str
     finished_at: str | None
-    args: Any
-    result: Any
     error: str | None
+    # Arguments and result are decoded when first read: a claim looks at a step's status,
+    # and most of the time never needs them.
+    _args: Callable[[], Any] = field(repr=False, compare=False)
+    _result: Callable[[], Any] = field(repr=False, compare=False)
+
+    @cached_property
+    def args(self) -> Any:
+        """The call's recorded arguments."""
+        return self._args()
+
+    @cached_property
+    def result(self) -> Any:
+        """The call's recorded result (None unless completed)."""
+        return self._result()
 
     @property
     def outcome_unknown(self) -> bool:
@@ -185,9 +198,9 @@ class JournalOps:
             owner=owner,
             started_at=started,
             finished_at=finished,
-            args=self.load(args_type, args, f"the arguments of step {key!r}"),
-            result=self.load(result_type, result, f"the result of step {key!r}"),
             error=error,
+            _args=lambda: self.load(args_type, args, f"the arguments of step {key!r}"),
+            _result=lambda: self.load(result_type, result, f"the result of step {key!r}"),
         )
 
     def _run(self, row: Sequence[Any]) -> Run:

@@ -225,7 +225,7 @@ class DurableChatModel(BaseChatModel):
     def _spec(self) -> EffectSpec:
         return EffectSpec(
             name=self.inner._llm_type, effect="idempotent", on_unknown="retry",
-            reconcile=None, kind="llm", usage=_usage,
+            reconcile=None, kind="llm", usage=_usage, log_args=False,
         )  # fmt: skip
 
     def _protocol(
