@@ -302,7 +302,7 @@ def protocol(
     step = claim.step
     if not claim.owned:
         if step.status == "completed":
-            yield _Db(lambda: ops.append(event("replay")))
+            yield _Db(lambda: ops.log(event("replay")))
             return step.result, key
         outcome = UnknownOutcome(
             tool=spec.name,

@@ -245,27 +245,32 @@ class JournalOps:
 
     def append(self, event: EventSpec) -> Operation[int]:
         """Append an event; returns its ``seq``."""
-        ptype, payload = self.dump(event.payload)
-        rows = yield Query(
-            self.sql.INSERT_EVENT,
-            (
-                event.run_id,
-                now(),
-                event.kind,
-                event.phase,
-                event.name,
-                event.step_key,
-                event.parent_seq,
-                event.input_tokens,
-                event.output_tokens,
-                event.cost,
-                ptype,
-                payload,
-                event.error,
-            ),
-            fetch=True,
-        )
+        rows = yield Query(self.sql.INSERT_EVENT + " RETURNING seq", self._event_row(event), True)
         return int(rows[0][0])
+
+    def log(self, event: EventSpec) -> Operation[None]:
+        """Append an event whose ``seq`` nobody needs: no row comes back, so on
+        PostgreSQL it travels in the operation's pipeline without a round trip."""
+        yield Query(self.sql.INSERT_EVENT, self._event_row(event))
+        return None
+
+    def _event_row(self, event: EventSpec) -> tuple[Any, ...]:
+        ptype, payload = self.dump(event.payload)
+        return (
+            event.run_id,
+            now(),
+            event.kind,
+            event.phase,
+            event.name,
+            event.step_key,
+            event.parent_seq,
+            event.input_tokens,
+            event.output_tokens,
+            event.cost,
+            ptype,
+            payload,
+            event.error,
+        )
 
     def start_run(
         self,
@@ -294,7 +299,7 @@ class JournalOps:
         )
         if not rows:
             return False
-        yield from self.append(EventSpec(run_id, "run", "start", name=name))
+        yield from self.log(EventSpec(run_id, "run", "start", name=name))
         return True
 
     def set_run_status(
@@ -321,7 +326,7 @@ class JournalOps:
         phase = {"failed": "error", "crashed": "error", "interrupted": "interrupt"}.get(
             status, "end"
         )
-        yield from self.append(EventSpec(run_id, "run", phase, name=status, error=error))
+        yield from self.log(EventSpec(run_id, "run", phase, name=status, error=error))
         return True
 
     def claim(
@@ -369,7 +374,7 @@ class JournalOps:
         step = self._step(rows[0])
         owned = step.owner == owner and step.status == "started"
         if owned and event is not None:
-            yield from self.append(event)
+            yield from self.log(event)
         return Claim(step, owned)
 
     def reclaim(
@@ -388,7 +393,7 @@ class JournalOps:
         step = self._step(rows[0])
         owned = step.owner == owner and step.status == "started"
         if owned and event is not None:
-            yield from self.append(event)
+            yield from self.log(event)
         return Claim(step, owned)
 
     def complete(
@@ -400,7 +405,7 @@ class JournalOps:
         rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         done = bool(rows) and rows[0][9] == owner and rows[0][6] == "completed"
         if done and event is not None:
-            yield from self.append(event)
+            yield from self.log(event)
         return done
 
     def fail(
@@ -409,7 +414,7 @@ class JournalOps:
         """Record that a step raised: its outcome is known (it reported failure)."""
         yield Query(self.sql.FAIL_STEP, (now(), error, scope, step_key, owner))
         if event is not None:
-            yield from self.append(event)
+            yield from self.log(event)
         return None
 
     def release(self, scope: str, step_key: str, *, owner: str) -> Operation[None]:

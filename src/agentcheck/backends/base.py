@@ -299,7 +299,7 @@ class SQL:
     INSERT_EVENT = (
         "INSERT INTO agentcheck_events (run_id, ts, kind, phase, name, step_key, parent_seq, "
         "input_tokens, output_tokens, cost, payload_type, payload, error) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq"
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     )
     SELECT_EVENTS = (
         "SELECT seq, run_id, ts, kind, phase, name, step_key, parent_seq, input_tokens, "

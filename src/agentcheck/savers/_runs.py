@@ -152,7 +152,7 @@ class RunJournal:
         error = next((repr(v) for c, v in writes if c == ERROR), None)
         name = _node_name(task_path, self._push_nodes_at(thread_id, ns, checkpoint_id))
         name = name or task_names.lookup(task_id)
-        yield from self.journal_ops.append(
+        yield from self.journal_ops.log(
             EventSpec(
                 thread_id,
                 "task" if ns else "node",
