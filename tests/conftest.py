@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pg_server import PostgresServer
+from savers_support import is_postgres, open_saver
 
 # --------------------------------------------------------------------------- environment
 
@@ -62,3 +64,21 @@ def pg_url(pg_server: PostgresServer) -> Iterator[str]:
 def sqlite_path(tmp_path: Path) -> str:
     """Path (str) of a not-yet-existing SQLite database file in ``tmp_path``."""
     return str(tmp_path / "agent.db")
+
+
+# --------------------------------------------------------------------------- savers
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest, sqlite_path: str) -> dict[str, str]:
+    """Where the parametrized ``kind`` stores (a PostgreSQL database only when needed)."""
+    kind = request.getfixturevalue("kind")
+    pg_url = request.getfixturevalue("pg_url") if is_postgres(kind) else ""
+    return {"sqlite_path": sqlite_path, "pg_url": pg_url}
+
+
+@pytest.fixture
+async def saver(kind: str, db: dict[str, str]) -> AsyncIterator[Any]:
+    """A set-up saver of the parametrized ``kind`` (see savers_support.open_saver)."""
+    async with open_saver(kind, **db) as opened:
+        yield opened

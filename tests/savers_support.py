@@ -7,10 +7,12 @@ sync API; :class:`SyncDriven` lets async harnesses (the conformance suite) do ex
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
@@ -90,3 +92,34 @@ class SyncDriven(BaseCheckpointSaver[str]):
 
     def get_next_version(self, current: Any, channel: None) -> Any:
         return self.inner.get_next_version(current, channel)
+
+
+async def call(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -> Any:
+    """``obj.method(...)`` for a sync kind, ``await obj.amethod(...)`` for an async one:
+    graphs (``invoke``, ``get_state``...), savers and journals alike."""
+    if is_async(kind):
+        return await getattr(obj, "a" + method)(*args, **kwargs)
+    return getattr(obj, method)(*args, **kwargs)
+
+
+async def collect(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -> list[Any]:
+    """All items of an iterating method (``get_state_history``, ``list``), in the kind's style."""
+    if is_async(kind):
+        return [item async for item in getattr(obj, "a" + method)(*args, **kwargs)]
+    return list(getattr(obj, method)(*args, **kwargs))
+
+
+def raw_sql(
+    kind: str, sqlite_path: str, pg_url: str, sql: str, params: tuple[Any, ...] = ()
+) -> list[tuple[Any, ...]]:
+    """Run one statement on a separate, plain connection (``?`` placeholders); commit."""
+    if is_postgres(kind):
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            cur = conn.execute(sql.replace("?", "%s"), params)
+            return cur.fetchall() if cur.description else []
+    conn = sqlite3.connect(sqlite_path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import pytest
@@ -21,33 +21,12 @@ from typing_extensions import TypedDict
 import agentcheck
 from agentcheck.journal import Claim, Event, Journal, Step
 
-from savers_support import KINDS, is_async, is_postgres, open_saver
+from savers_support import KINDS, call, is_async, is_postgres
 
 parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def db(request: pytest.FixtureRequest, sqlite_path: str) -> dict[str, str]:
-    """Where the parametrized ``kind`` stores (a PostgreSQL database only when needed)."""
-    kind = request.getfixturevalue("kind")
-    pg_url = request.getfixturevalue("pg_url") if is_postgres(kind) else ""
-    return {"sqlite_path": sqlite_path, "pg_url": pg_url}
-
-
-@pytest.fixture
-async def saver(kind: str, db: dict[str, str]) -> AsyncIterator[Any]:
-    async with open_saver(kind, **db) as opened:
-        yield opened
-
-
-async def call(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -> Any:
-    """``obj.method(...)`` for a sync kind, ``await obj.amethod(...)`` for an async one."""
-    if is_async(kind):
-        return await getattr(obj, "a" + method)(*args, **kwargs)
-    return getattr(obj, method)(*args, **kwargs)
 
 
 async def run_op(journal: Journal, kind: str, make_op: Callable[[], Any]) -> Any:

@@ -21,7 +21,7 @@ import operator
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,7 +51,7 @@ from agentcheck.adapters.langgraph import durable_model
 from agentcheck.journal import Event, Step
 from fake_models import ScriptedChatModel, tool_call_message
 
-from savers_support import ASYNC_KINDS, KINDS, is_async, is_postgres, open_saver
+from savers_support import ASYNC_KINDS, KINDS, call, is_async, is_postgres
 
 parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
 no_deprecation_noise = pytest.mark.filterwarnings(
@@ -60,30 +60,6 @@ no_deprecation_noise = pytest.mark.filterwarnings(
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def db(request: pytest.FixtureRequest, sqlite_path: str) -> dict[str, str]:
-    """Where the parametrized ``kind`` stores (a PostgreSQL database only when needed)."""
-    kind = request.getfixturevalue("kind")
-    pg_url = request.getfixturevalue("pg_url") if is_postgres(kind) else ""
-    return {"sqlite_path": sqlite_path, "pg_url": pg_url}
-
-
-@pytest.fixture
-async def saver(kind: str, db: dict[str, str]) -> AsyncIterator[Any]:
-    async with open_saver(kind, **db) as opened:
-        yield opened
-
-
-async def call(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -> Any:
-    """``obj.method(...)`` for a sync kind, ``await obj.amethod(...)`` for an async one.
-
-    Works for graphs (``invoke``) and journals (``events``, ``steps``, ``get_step``).
-    """
-    if is_async(kind):
-        return await getattr(obj, "a" + method)(*args, **kwargs)
-    return getattr(obj, method)(*args, **kwargs)
 
 
 async def stream(graph: Any, kind: str, *args: Any, **kwargs: Any) -> list[Any]:

@@ -14,7 +14,7 @@ from test_storage import _rows
 
 from agentcheck import generate_key
 
-from savers_support import KINDS, is_async, open_saver
+from savers_support import KINDS, call, is_async, open_saver
 
 TURNS = 30
 
@@ -43,12 +43,6 @@ def expected(turns: int) -> list[str]:
     return out
 
 
-async def call(graph: Any, kind: str, method: str, *args: Any, **kwargs: Any) -> Any:
-    if is_async(kind):
-        return await getattr(graph, "a" + method)(*args, **kwargs)
-    return getattr(graph, method)(*args, **kwargs)
-
-
 async def history(graph: Any, kind: str, config: Any) -> list[Any]:
     if is_async(kind):
         return [s async for s in graph.aget_state_history(config)]
@@ -59,7 +53,7 @@ async def run_chat(graph: Any, kind: str, thread: str, turns: int) -> None:
     config = {"configurable": {"thread_id": thread}}
     for n in range(turns):
         question = HumanMessage(content=f"question {n}", id=f"q{n}")
-        await call(graph, kind, "invoke", {"messages": [question], "turn": n}, config)
+        await call(graph, "invoke", kind, {"messages": [question], "turn": n}, config)
 
 
 def contents(state: Any) -> list[str]:
@@ -83,7 +77,7 @@ async def test_growing_chat_is_stored_as_deltas_and_every_version_reads_back(
         graph = chat_graph().compile(checkpointer=saver)
         await run_chat(graph, kind, "t", TURNS)
         config = {"configurable": {"thread_id": "t"}}
-        state = await call(graph, kind, "get_state", config)
+        state = await call(graph, "get_state", kind, config)
         assert contents(state) == expected(TURNS)
         check_history(await history(graph, kind, config), TURNS)
         types = [
@@ -106,8 +100,8 @@ async def test_growing_chat_is_stored_as_deltas_and_every_version_reads_back(
         check_history(await history(graph, kind, config), TURNS)
         # ... and continues the thread correctly.
         question = HumanMessage(content=f"question {TURNS}", id=f"q{TURNS}")
-        await call(graph, kind, "invoke", {"messages": [question], "turn": TURNS}, config)
-        state = await call(graph, kind, "get_state", config)
+        await call(graph, "invoke", kind, {"messages": [question], "turn": TURNS}, config)
+        state = await call(graph, "get_state", kind, config)
         assert contents(state) == expected(TURNS + 1)
 
 
@@ -123,16 +117,16 @@ async def test_a_fork_from_an_old_checkpoint_reads_its_own_branch(
         old = next(s for s in states if len(s.values.get("messages", [])) == 20)
         forked = await call(
             graph,
-            kind,
             "update_state",
+            kind,
             old.config,
             {"messages": [HumanMessage(content="forked", id="f")]},
         )
-        state = await call(graph, kind, "get_state", forked)
+        state = await call(graph, "get_state", kind, forked)
         assert contents(state) == expected(10) + ["forked"]
-        latest = await call(graph, kind, "get_state", config)
+        latest = await call(graph, "get_state", kind, config)
         assert contents(latest) == expected(10) + ["forked"]  # the fork is now the head
-        original = await call(graph, kind, "get_state", states[0].config)
+        original = await call(graph, "get_state", kind, states[0].config)
         assert contents(original) == expected(20)
 
 
@@ -144,26 +138,26 @@ async def test_prune_copy_and_delete_for_runs_keep_deltas_readable(
         graph = chat_graph().compile(checkpointer=saver)
         await run_chat(graph, kind, "t", 21)
         config = {"configurable": {"thread_id": "t"}}
-        await call(saver, kind, "copy_thread", "t", "copy")
-        copy_state = await call(graph, kind, "get_state", {"configurable": {"thread_id": "copy"}})
+        await call(saver, "copy_thread", kind, "t", "copy")
+        copy_state = await call(graph, "get_state", kind, {"configurable": {"thread_id": "copy"}})
         assert contents(copy_state) == expected(21)
 
         if is_async(kind):
             await saver.aprune(["t"], strategy="keep_latest")
         else:
             saver.prune(["t"], strategy="keep_latest")
-        state = await call(graph, kind, "get_state", config)
+        state = await call(graph, "get_state", kind, config)
         assert contents(state) == expected(21)
         # Writing on after the prune (the saver's snapshot memory was dropped with it).
         await run_chat_from(graph, kind, "t", 21, 25)
-        state = await call(graph, kind, "get_state", config)
+        state = await call(graph, "get_state", kind, config)
         assert contents(state) == expected(25)
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
         graph = chat_graph().compile(checkpointer=fresh)
-        state = await call(graph, kind, "get_state", config)
+        state = await call(graph, "get_state", kind, config)
         assert contents(state) == expected(25)
-        copy_state = await call(graph, kind, "get_state", {"configurable": {"thread_id": "copy"}})
+        copy_state = await call(graph, "get_state", kind, {"configurable": {"thread_id": "copy"}})
         assert contents(copy_state) == expected(21)
 
 
@@ -171,7 +165,7 @@ async def run_chat_from(graph: Any, kind: str, thread: str, start: int, end: int
     config = {"configurable": {"thread_id": thread}}
     for n in range(start, end):
         question = HumanMessage(content=f"question {n}", id=f"q{n}")
-        await call(graph, kind, "invoke", {"messages": [question], "turn": n}, config)
+        await call(graph, "invoke", kind, {"messages": [question], "turn": n}, config)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -12,7 +12,7 @@ import operator
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import pytest
@@ -23,30 +23,12 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send, interrupt
 from typing_extensions import TypedDict
 
-from savers_support import KINDS, is_async, is_postgres, open_saver
+from savers_support import KINDS, call, collect, is_async, open_saver
 
 ERROR = "__error__"
 INTERRUPT = "__interrupt__"
 
 # --------------------------------------------------------------------------- helpers
-
-
-async def call(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -> Any:
-    """``obj.method(...)`` for a sync saver kind, ``await obj.amethod(...)`` for an async one.
-
-    Works for graphs (``invoke``, ``get_state``, ``update_state``) and savers
-    (``get_tuple``, ``prune``, ``get_delta_channel_history``...).
-    """
-    if is_async(kind):
-        return await getattr(obj, "a" + method)(*args, **kwargs)
-    return getattr(obj, method)(*args, **kwargs)
-
-
-async def collect(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -> list[Any]:
-    """All items of an iterating method (``get_state_history``, ``list``), in the kind's style."""
-    if is_async(kind):
-        return [item async for item in getattr(obj, "a" + method)(*args, **kwargs)]
-    return list(getattr(obj, method)(*args, **kwargs))
 
 
 def thread(thread_id: str, **metadata: Any) -> dict[str, Any]:
@@ -59,20 +41,6 @@ def thread(thread_id: str, **metadata: Any) -> dict[str, Any]:
 def cid(config: dict[str, Any] | None) -> str | None:
     """The checkpoint id of a config (``None`` for ``None``)."""
     return None if config is None else config["configurable"]["checkpoint_id"]
-
-
-@pytest.fixture
-def db(request: pytest.FixtureRequest, sqlite_path: str) -> dict[str, str]:
-    """Where the parametrized ``kind`` stores (a PostgreSQL database only when needed)."""
-    kind = request.getfixturevalue("kind")
-    pg_url = request.getfixturevalue("pg_url") if is_postgres(kind) else ""
-    return {"sqlite_path": sqlite_path, "pg_url": pg_url}
-
-
-@pytest.fixture
-async def saver(kind: str, db: dict[str, str]) -> AsyncIterator[Any]:
-    async with open_saver(kind, **db) as opened:
-        yield opened
 
 
 parametrize_kinds = pytest.mark.parametrize("kind", KINDS)

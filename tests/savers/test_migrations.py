@@ -21,7 +21,7 @@ from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends import sqlite as sqlite_backend
 from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
 
-from savers_support import KINDS, is_async, is_postgres, open_saver
+from savers_support import KINDS, is_async, is_postgres, open_saver, raw_sql
 
 TABLES = {
     "agentcheck_schema",
@@ -37,22 +37,6 @@ TABLES = {
 
 def migrations_of(kind: str) -> tuple[tuple[str, ...], ...]:
     return pg_backend.MIGRATIONS if is_postgres(kind) else sqlite_backend.MIGRATIONS
-
-
-def raw_sql(
-    kind: str, sqlite_path: str, pg_url: str, sql: str, params: tuple[Any, ...] = ()
-) -> list[tuple[Any, ...]]:
-    """Run one statement on a separate, plain connection (``?`` placeholders); commit."""
-    if is_postgres(kind):
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            cur = conn.execute(sql.replace("?", "%s"), params)
-            return cur.fetchall() if cur.description else []
-    conn = sqlite3.connect(sqlite_path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA busy_timeout=30000")
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def schema_versions(kind: str, sqlite_path: str, pg_url: str) -> list[int]:

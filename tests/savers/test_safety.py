@@ -14,7 +14,6 @@ import dataclasses
 import enum
 import os
 import pickle
-import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -31,7 +30,7 @@ from langgraph.checkpoint.serde import jsonplus
 from agentcheck import CorruptDataError, UnsafeTypeError, generate_key
 from agentcheck.savers import PostgresSaver, SqliteSaver
 
-from savers_support import KINDS, is_async, is_postgres, open_saver
+from savers_support import KINDS, is_async, is_postgres, open_saver, raw_sql
 
 TABLES = (
     "agentcheck_schema",
@@ -62,22 +61,6 @@ async def list_all(kind: str, saver: Any, config: Any, **kwargs: Any) -> list[An
     if is_async(kind):
         return [t async for t in saver.alist(config, **kwargs)]
     return list(saver.list(config, **kwargs))
-
-
-def raw_sql(
-    kind: str, sqlite_path: str, pg_url: str, sql: str, params: tuple[Any, ...] = ()
-) -> list[tuple[Any, ...]]:
-    """Run one statement on a separate, plain connection (``?`` placeholders); commit."""
-    if is_postgres(kind):
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            cur = conn.execute(sql.replace("?", "%s"), params)
-            return cur.fetchall() if cur.description else []
-    conn = sqlite3.connect(sqlite_path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA busy_timeout=30000")
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def existing_tables(kind: str, sqlite_path: str, pg_url: str) -> set[str]:
