@@ -194,7 +194,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         values = checkpoint["channel_values"]
         blob_rows = []
         remember: list[Callable[[], None]] = []
-        planned: dict[str, str] = {}  # channel -> snapshot version, for deltas written now
+        planned: dict[str, list[str]] = {}  # channel -> rows it is built from, for deltas now
         for channel, version in new_versions.items():
             if channel in values:
                 delta, after = self.list_deltas.plan(
@@ -203,7 +203,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 if after is not None:
                     remember.append(after)
                 if delta is not None:
-                    planned[channel] = delta.base_version
+                    planned[channel] = list(delta.chain)
                     tail_type, tail = self.serde.dumps_typed(delta.tail)
                     packed = pack_delta(delta.base_version, delta.shift, tail_type, tail)
                     type_, data = self.codec.encode(DELTA, packed)
@@ -379,7 +379,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             decoded.append((key, parent_id, rest, meta))
             pairs = wanted.setdefault((thread_id, ns), set())
             pairs.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
-            pairs.update((ch, str(v)) for ch, v in bases.items())
+            pairs.update((ch, str(v)) for ch, chain in bases.items() for v in chain)
             ids.setdefault((thread_id, ns), []).append(checkpoint_id)
 
         # One query for the values and one for the writes of all rows, whatever threads
@@ -531,7 +531,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         cache: dict[tuple[str, str], Any],
     ) -> Any:
         """The value stored at (channel, version), decoded once per call site, a delta
-        rebuilt from its snapshot."""
+        rebuilt from the version before it."""
         if pair in cache:
             return cache[pair]
         channel = pair[0]
@@ -541,8 +541,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             if base_pair not in found:
                 raise CorruptDataError(
                     f"cannot read channel {channel!r} of checkpoint {where[2]!r} in thread "
-                    f"{where[0]!r} (namespace {where[1]!r}): its stored snapshot "
-                    f"{data.base_version!r} is missing"
+                    f"{where[0]!r} (namespace {where[1]!r}): the stored version it is built "
+                    f"from, {data.base_version!r}, is missing"
                 )
             base = self._value(found, base_pair, where, cache)
             tail = self._load(data.tail_type, data.tail, f"channel {channel!r}", where)
@@ -661,7 +661,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         for cid, _parent, cp_type, cp_data, _mt, _md in rows:
             rest = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid))
             referenced.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
-            referenced.update((ch, str(v)) for ch, v in (rest.get(BASES_KEY) or {}).items())
+            for ch, chain in (rest.get(BASES_KEY) or {}).items():
+                referenced.update((ch, str(v)) for v in chain)
         blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
         deltas = [(ch, v) for ch, v, type_ in blob_rows if type_.startswith(DELTA)]
         needed = [pair for pair in deltas if pair in referenced]

@@ -3,15 +3,15 @@
 A chat's ``messages`` channel gets one or two messages longer at each step, or slides a
 window along; storing the whole list at every version makes storage grow with the square
 of the conversation and every ``put`` slower than the last. For such a list, a version is
-stored as a *delta* from the channel's latest *snapshot* (a version stored whole):
+stored as a *delta* of the version before it:
 
-    delta = (snapshot version, d, tail)      value = snapshot[d:] + tail
+    delta = (previous version, d, tail)      value = previous[d:] + tail
 
-so reading any version takes at most two stored rows, which the checkpoint names (its
-``_ac_bases`` entry), so one query fetches both. After ``snapshot_every`` deltas, or when
-the tail would be large, the next version is a snapshot again, so a delta stays small.
+After ``snapshot_every`` deltas in a row, or when the tail would be large, the next version
+is stored whole (a *snapshot*), so reading a version takes at most ``snapshot_every + 1``
+rows; the checkpoint names them all (its ``_ac_bases`` entry), so one query fetches them.
 
-The saver remembers, per (thread, namespace, channel), the latest snapshot it wrote in this
+The saver remembers, per (thread, namespace, channel), the latest version it wrote in this
 process. A new process (or a fork from an old checkpoint it does not remember) simply
 starts with a snapshot: deltas are an optimization, never needed for correctness.
 """
@@ -29,16 +29,20 @@ import ormsgpack
 __all__ = ["DELTA", "BASES_KEY", "Delta", "ListDeltas", "pack_delta", "unpack_delta"]
 
 DELTA = "delta"  # type tag of a delta row (before the codec's suffixes)
-BASES_KEY = "_ac_bases"  # in a stored checkpoint: {channel: snapshot version} for deltas
+# In a stored checkpoint: {channel: [versions]}, the rows a delta-stored version is
+# built from (its snapshot first).
+BASES_KEY = "_ac_bases"
 
 
 @dataclass(frozen=True)
 class Delta:
-    """A version of a list stored as ``snapshot[shift:] + tail``."""
+    """A version of a list stored as ``previous[shift:] + tail``; ``chain`` lists the
+    versions it is built from, its snapshot first, ``base_version`` last."""
 
     base_version: str
     shift: int
     tail: list[Any]
+    chain: tuple[str, ...]
 
 
 def pack_delta(base_version: str, shift: int, tail_type: str, tail: bytes) -> bytes:
@@ -50,11 +54,13 @@ def unpack_delta(data: bytes) -> tuple[str, int, str, bytes]:
     return str(base_version), int(shift), str(tail_type), bytes(tail)
 
 
-@dataclass
-class _Snapshot:
+@dataclass(frozen=True)
+class _Latest:
+    """The latest version written of a channel: its items and what it is built from."""
+
     version: str
     items: list[Any]
-    deltas: int = 0
+    chain: tuple[str, ...]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -95,8 +101,8 @@ class ListDeltas:
         self.snapshot_every = snapshot_every
         self.max_shift = max_shift
         self.size = size
-        self._snapshots: OrderedDict[tuple[str, str, str], _Snapshot] = OrderedDict()
-        self._bases: OrderedDict[tuple[str, str, str, str], str] = OrderedDict()
+        self._latest: OrderedDict[tuple[str, str, str], _Latest] = OrderedDict()
+        self._chains: OrderedDict[tuple[str, str, str, str], tuple[str, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
     def plan(
@@ -104,58 +110,54 @@ class ListDeltas:
     ) -> tuple[Delta | None, Callable[[], None] | None]:
         """How to store ``value`` at ``version``: a delta, or None to store it whole;
         and what to remember once it is stored (call it after the write succeeded, so a
-        failed write leaves no snapshot behind that does not exist)."""
+        failed write leaves nothing behind to build on that does not exist)."""
         if not isinstance(value, list) or len(value) < self.min_length:
             return None, None
         with self._lock:
-            snap = self._snapshots.get(key)
-        if snap is not None and snap.version != version and snap.deltas < self.snapshot_every:
-            shift = window_shift(snap.items, value, self.max_shift)
-            if shift is not None:
-                tail = value[len(snap.items) - shift :]
-                if len(tail) <= max(self.snapshot_every, len(value) // 4):
-                    base = snap.version
-
-                    def remember_delta() -> None:
-                        with self._lock:
-                            snap.deltas += 1
-                            self._bases[key + (version,)] = base
-                            while len(self._bases) > self.size * 16:
-                                self._bases.popitem(last=False)
-
-                    return Delta(base, shift, list(tail)), remember_delta
+            latest = self._latest.get(key)
         items = list(value)
+        chain: tuple[str, ...] = ()
+        delta = None
+        if (
+            latest is not None
+            and latest.version != version
+            and len(latest.chain) < self.snapshot_every
+        ):
+            shift = window_shift(latest.items, value, self.max_shift)
+            if shift is not None:
+                tail = value[len(latest.items) - shift :]
+                if len(tail) <= max(self.snapshot_every, len(value) // 4):
+                    chain = (*latest.chain, latest.version)
+                    delta = Delta(latest.version, shift, list(tail), chain)
 
-        def remember_snapshot() -> None:
-            # Stored whole: it becomes the snapshot later versions are deltas of.
+        def remember() -> None:
             with self._lock:
-                self._snapshots[key] = _Snapshot(version, items)
-                self._snapshots.move_to_end(key)
-                while len(self._snapshots) > self.size:
-                    self._snapshots.popitem(last=False)
+                self._latest[key] = _Latest(version, items, chain)
+                self._latest.move_to_end(key)
+                while len(self._latest) > self.size:
+                    self._latest.popitem(last=False)
+                if chain:
+                    self._chains[key + (version,)] = chain
+                    while len(self._chains) > self.size * 16:
+                        self._chains.popitem(last=False)
 
-        return None, remember_snapshot
-
-    def forget(self, key: tuple[str, str, str]) -> None:
-        """Forget a channel's snapshot (its rows may be gone)."""
-        with self._lock:
-            self._snapshots.pop(key, None)
+        return delta, remember
 
     def clear_thread(self, thread_id: str) -> None:
-        """Forget every snapshot of a thread (deleted or pruned)."""
+        """Forget everything of a thread (deleted or pruned: its rows may be gone)."""
         with self._lock:
-            for key in [k for k in self._snapshots if k[0] == thread_id]:
-                del self._snapshots[key]
-            for bkey in [k for k in self._bases if k[0] == thread_id]:
-                del self._bases[bkey]
+            for key in [k for k in self._latest if k[0] == thread_id]:
+                del self._latest[key]
+            for ckey in [k for k in self._chains if k[0] == thread_id]:
+                del self._chains[ckey]
 
-    def bases(self, thread_id: str, ns: str, versions: dict[str, Any]) -> dict[str, str]:
-        """For a checkpoint's channel versions: the snapshot each delta version needs,
-        where known (so that one query can fetch both)."""
+    def bases(self, thread_id: str, ns: str, versions: dict[str, Any]) -> dict[str, list[str]]:
+        """For a checkpoint's channel versions: the rows each delta-stored version is built
+        from, where known (so that one query can fetch them all)."""
         with self._lock:
             found = {}
             for channel, version in versions.items():
-                base = self._bases.get((thread_id, ns, channel, str(version)))
-                if base is not None:
-                    found[channel] = base
+                chain = self._chains.get((thread_id, ns, channel, str(version)))
+                if chain:
+                    found[channel] = list(chain)
             return found
