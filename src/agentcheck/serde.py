@@ -158,7 +158,7 @@ class Codec:
         self,
         *,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 2048,
+        compress_threshold: int = 65536,
     ) -> None:
         if encryption_key is None:
             encryption_key = os.environ.get(_ENV_KEY) or None

@@ -512,10 +512,10 @@ class Secrets:
 
 
 def big_value(secret: str) -> str:
-    # > 2048 bytes, so it is compressed with the default threshold; random hex so that
+    # > 64 KiB, so it is compressed with the default threshold; random hex so that
     # PostgreSQL's own TOAST compression leaves it (and its secret) readable in the
     # unencrypted control.
-    return secret + " " + os.urandom(3000).hex()
+    return secret + " " + os.urandom(40_000).hex()
 
 
 async def store_secrets(kind: str, saver: Any, thread: str, secrets: Secrets) -> dict[str, Any]:

@@ -114,7 +114,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 2048,
+        compress_threshold: int = 65536,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(serde=serde or SafeSerializer(allowed_types=allowed_types))

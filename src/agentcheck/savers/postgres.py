@@ -47,7 +47,7 @@ class PostgresSaver(SyncSaver):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 2048,
+        compress_threshold: int = 65536,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(
@@ -110,7 +110,7 @@ class AsyncPostgresSaver(AsyncSaver):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 2048,
+        compress_threshold: int = 65536,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(
