@@ -49,9 +49,16 @@ async def history(graph: Any, kind: str, config: Any) -> list[Any]:
     return list(graph.get_state_history(config))
 
 
-async def run_chat(graph: Any, kind: str, thread: str, turns: int) -> None:
-    config = {"configurable": {"thread_id": thread}}
-    for n in range(turns):
+async def run_chat(
+    graph: Any, kind: str, thread: str, end: int, *, start: int = 0, run_id: str | None = None
+) -> None:
+    """Turns ``start`` to ``end - 1`` of the chat, as one graph invocation each; with
+    ``run_id``, turn n runs as run ``f"{run_id}-{n}"`` (kept in its checkpoints' metadata;
+    LangGraph takes a repeated run id for a re-entry into the same run)."""
+    for n in range(start, end):
+        config: dict[str, Any] = {"configurable": {"thread_id": thread}}
+        if run_id is not None:
+            config["metadata"] = {"run_id": f"{run_id}-{n}"}
         question = HumanMessage(content=f"question {n}", id=f"q{n}")
         await call(graph, "invoke", kind, {"messages": [question], "turn": n}, config)
 
@@ -138,18 +145,25 @@ async def test_prune_copy_and_delete_for_runs_keep_deltas_readable(
         graph = chat_graph().compile(checkpointer=saver)
         await run_chat(graph, kind, "t", 21)
         config = {"configurable": {"thread_id": "t"}}
+        copy = {"configurable": {"thread_id": "copy"}}
         await call(saver, "copy_thread", kind, "t", "copy")
-        copy_state = await call(graph, "get_state", kind, {"configurable": {"thread_id": "copy"}})
-        assert contents(copy_state) == expected(21)
+        assert contents(await call(graph, "get_state", kind, copy)) == expected(21)
 
-        if is_async(kind):
-            await saver.aprune(["t"], strategy="keep_latest")
-        else:
-            saver.prune(["t"], strategy="keep_latest")
+        # A run's checkpoints deleted: the copy is back where it was, every remaining
+        # version still reads (its delta bases were kept), and writing goes on.
+        await run_chat(graph, kind, "copy", 26, start=21, run_id="extra-run")
+        assert contents(await call(graph, "get_state", kind, copy)) == expected(26)
+        await call(saver, "delete_for_runs", kind, [f"extra-run-{n}" for n in range(21, 26)])
+        assert contents(await call(graph, "get_state", kind, copy)) == expected(21)
+        check_history(await history(graph, kind, copy), 21)
+        await run_chat(graph, kind, "copy", 23, start=21)
+        assert contents(await call(graph, "get_state", kind, copy)) == expected(23)
+
+        await call(saver, "prune", kind, ["t"], strategy="keep_latest")
         state = await call(graph, "get_state", kind, config)
         assert contents(state) == expected(21)
         # Writing on after the prune (the saver's snapshot memory was dropped with it).
-        await run_chat_from(graph, kind, "t", 21, 25)
+        await run_chat(graph, kind, "t", 25, start=21)
         state = await call(graph, "get_state", kind, config)
         assert contents(state) == expected(25)
 
@@ -158,14 +172,7 @@ async def test_prune_copy_and_delete_for_runs_keep_deltas_readable(
         state = await call(graph, "get_state", kind, config)
         assert contents(state) == expected(25)
         copy_state = await call(graph, "get_state", kind, {"configurable": {"thread_id": "copy"}})
-        assert contents(copy_state) == expected(21)
-
-
-async def run_chat_from(graph: Any, kind: str, thread: str, start: int, end: int) -> None:
-    config = {"configurable": {"thread_id": thread}}
-    for n in range(start, end):
-        question = HumanMessage(content=f"question {n}", id=f"q{n}")
-        await call(graph, "invoke", kind, {"messages": [question], "turn": n}, config)
+        assert contents(copy_state) == expected(23)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -150,7 +150,7 @@ class AsyncRunner:
                 async with self._connection() as conn:
                     async with (
                         conn.pipeline(),
-                        _atransaction(conn, write),
+                        _transaction(conn, write),
                         conn.cursor(row_factory=tuple_row) as cur,
                     ):
                         return await adrive(make_op(), functools.partial(_aexecute, conn, cur))
@@ -169,14 +169,9 @@ def _transaction(conn: Any, write: bool) -> Any:
     """A transaction for a write, or for any use of a connection not in autocommit
     (else psycopg would leave one open). A read on an autocommit connection needs none:
     under READ COMMITTED each statement sees its own snapshot anyway, and skipping
-    BEGIN/COMMIT saves a round trip."""
+    BEGIN/COMMIT saves a round trip. (Both kinds of connection: ``nullcontext`` works
+    with ``with`` and ``async with`` alike.)"""
     return conn.transaction() if write or not conn.autocommit else contextlib.nullcontext()
-
-
-def _atransaction(conn: Any, write: bool) -> Any:
-    if write or not conn.autocommit:
-        return conn.transaction()
-    return contextlib.nullcontext()
 
 
 def _single_connection_error(exc: Exception, pool: str) -> Exception:
