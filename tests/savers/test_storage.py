@@ -4,6 +4,9 @@ filters answered from an index on both databases."""
 from __future__ import annotations
 
 import operator
+import re
+import sqlite3
+from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
 import psycopg
@@ -11,8 +14,9 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from agentcheck.backends import postgres as pg_backend
+from agentcheck.backends.base import Query, drive
 
-from savers_support import KINDS, is_async, is_postgres, open_saver
+from savers_support import KINDS, SYNC_KINDS, is_async, is_postgres, open_saver
 
 
 class State(TypedDict):
@@ -163,3 +167,64 @@ async def test_metadata_filter_is_answered_from_an_index(
             conn.close()
             assert "agentcheck_metadata_terms_term_idx" in plan, plan
             assert "SCAN c" not in plan, plan
+
+
+def _explain(kind: str, db: dict[str, str], sql: str, params: Sequence[Any]) -> str:
+    if is_postgres(kind):
+        with psycopg.connect(db["pg_url"], autocommit=True) as conn:
+            conn.execute("ANALYZE")
+            rows = conn.execute("EXPLAIN " + pg_backend._pg(sql), tuple(params)).fetchall()
+        return "\n".join(r[0] for r in rows)
+    conn = sqlite3.connect(db["sqlite_path"])
+    try:
+        rows = conn.execute("EXPLAIN QUERY PLAN " + sql, tuple(params)).fetchall()
+    finally:
+        conn.close()
+    return "\n".join(str(r[-1]) for r in rows)
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_reads_look_values_and_writes_up_by_primary_key(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """A read finds each stored value and pending write it needs with a primary-key
+    look-up, not by scanning the thread's rows: otherwise reads slow down as a thread
+    grows (SQLite scans all of a thread's rows for a row-value IN list)."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    config: Any = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
+    versions: dict[str, str] = {}
+    for i in range(300):
+        new = {ch: saver.get_next_version(versions.get(ch), None) for ch in ("a", "b")}
+        versions.update(new)
+        checkpoint = generate_checkpoint(channel_values={"a": i, "b": [i]})
+        checkpoint["channel_versions"] = dict(versions)
+        config = saver.put(config, checkpoint, {"step": i}, new)
+        saver.put_writes(config, [("a", i)], f"task-{i}")
+    latest = saver.get_tuple({"configurable": {"thread_id": "long", "checkpoint_ns": ""}})
+    assert latest.checkpoint["channel_values"] == {"a": 299, "b": [299]}
+    assert latest.pending_writes == [("task-299", "a", 299)]
+
+    queries: list[Query] = []
+
+    def answer(query: Query) -> Any:
+        queries.append(query)
+        return saver.run_op(lambda: _replay(query), write=False)
+
+    drive(saver._get_tuple(latest.config), answer)
+    lookups = [q for q in queries if "agentcheck_blobs" in q.sql or "agentcheck_writes" in q.sql]
+    assert len(lookups) == 2, [q.sql for q in queries]
+    for query in lookups:
+        plan = _explain(kind, db, query.sql, query.params)
+        if is_postgres(kind):
+            assert "Seq Scan" not in plan, plan
+            key_column = "version" if "agentcheck_blobs" in query.sql else "checkpoint_id"
+            assert re.search(rf"Index Cond: .*{key_column}", plan), plan
+        else:
+            assert re.search(r"SEARCH \w+ USING INDEX .*(version|checkpoint_id)=\?\)", plan), plan
+            assert "SCAN agentcheck" not in plan and "SCAN b" not in plan, plan
+
+
+def _replay(query: Query) -> Any:
+    rows = yield query
+    return rows

@@ -163,28 +163,17 @@ class SQL:
         "AND t.checkpoint_id = t0.checkpoint_id)"
     )
 
-    # Whether a look-up of many keys across threads should be one query with a
-    # multi-column row-value IN list (PostgreSQL plans it as index look-ups and it saves
-    # round trips), or one query per (thread, namespace) (SQLite scans the table for a
-    # 4-column IN list, but uses the index for a 2-column one under a fixed prefix).
-    MULTI_KEY_IN = True
+    # Look-ups of many keys at once, across threads (the values and pending writes of
+    # the checkpoints a read returns): ``{rows}`` becomes one ``(?, ...)`` per key.
+    # PostgreSQL answers a row-value IN list with primary-key look-ups.
     SELECT_BLOBS_ANY = (
         "SELECT thread_id, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
-        "WHERE (thread_id, checkpoint_ns, channel, version) IN "
-    )
-    SELECT_BLOBS_OF = (
-        "SELECT thread_id, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
-        "WHERE thread_id = ? AND checkpoint_ns = ? AND (channel, version) IN "
-    )
-    SELECT_WRITES_OF = (
-        "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, channel, type, blob, "
-        "task_path, idx FROM agentcheck_writes "
-        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id IN "
+        "WHERE (thread_id, checkpoint_ns, channel, version) IN ({rows})"
     )
     SELECT_WRITES_ANY = (
         "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, channel, type, blob, "
         "task_path, idx FROM agentcheck_writes "
-        "WHERE (thread_id, checkpoint_ns, checkpoint_id) IN "
+        "WHERE (thread_id, checkpoint_ns, checkpoint_id) IN ({rows})"
     )
     SELECT_WRITES_FOR_CHANNELS = (
         "SELECT checkpoint_id, task_id, channel, type, blob, task_path, idx "

@@ -388,9 +388,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
         writes: dict[tuple[str, str, str], list[tuple[tuple[str, str, int], PendingWrite]]] = {}
         keys = [(t, ns, cid) for (t, ns), id_list in ids.items() for cid in id_list]
-        for query in self._key_queries(
-            keys, 2, self.sql.SELECT_WRITES_ANY, self.sql.SELECT_WRITES_OF
-        ):
+        for query in self._key_queries(keys, self.sql.SELECT_WRITES_ANY):
             write_rows = yield query
             for (
                 thread_id,
@@ -450,30 +448,15 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             )
         return result
 
-    def _key_queries(
-        self, keys: Sequence[tuple[str, ...]], prefix: int, any_sql: str, of_sql: str
-    ) -> Iterable[Query]:
-        """Queries looking up ``keys`` (whose first ``prefix`` parts are thread and
-        namespace): one row-value IN list over all of them, or one per prefix, as the
-        database plans best (``SQL.MULTI_KEY_IN``)."""
-        if self.sql.MULTI_KEY_IN:
-            width = len(keys[0]) if keys else 0
-            row = "(" + ", ".join("?" * width) + ")"
-            for chunk in _chunks(keys):
-                params = [x for key in chunk for x in key]
-                sql = any_sql + "(" + ", ".join([row] * len(chunk)) + ")"
-                yield Query(sql, params, fetch=True)
+    def _key_queries(self, keys: Sequence[tuple[str, ...]], sql: str) -> Iterable[Query]:
+        """Queries looking ``keys`` up with ``sql`` (a ``SQL.SELECT_*_ANY``), in chunks."""
+        unique = list(dict.fromkeys(keys))  # a key twice would return its rows twice
+        if not unique:
             return
-        groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
-        for key in keys:
-            groups.setdefault(key[:prefix], []).append(key[prefix:])
-        for head, rests in groups.items():
-            width = len(rests[0])
-            row = "(" + ", ".join("?" * width) + ")" if width > 1 else "?"
-            for chunk in _chunks(rests):
-                params = [*head, *[x for rest in chunk for x in rest]]
-                sql = of_sql + "(" + ", ".join([row] * len(chunk)) + ")"
-                yield Query(sql, params, fetch=True)
+        row = "(" + ", ".join("?" * len(unique[0])) + ")"
+        for chunk in _chunks(unique):
+            params = [x for key in chunk for x in key]
+            yield Query(sql.format(rows=", ".join([row] * len(chunk))), params, fetch=True)
 
     def _fetch_blobs(
         self, thread_id: str, ns: str, pairs: Iterable[tuple[str, str]]
@@ -494,9 +477,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         }
         todo = {(t, ns, ch, v) for (t, ns), pairs in wanted.items() for ch, v in pairs}
         while todo:
-            for query in self._key_queries(
-                sorted(todo), 2, self.sql.SELECT_BLOBS_ANY, self.sql.SELECT_BLOBS_OF
-            ):
+            for query in self._key_queries(sorted(todo), self.sql.SELECT_BLOBS_ANY):
                 rows = yield query
                 for thread_id, ns, channel, version, type_, data in rows:
                     if type_ != _EMPTY:
