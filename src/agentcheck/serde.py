@@ -68,10 +68,34 @@ class SafeSerializer(JsonPlusSerializer):
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         type_ = data[0]
-        if type_ not in ("null", "bytes", "bytearray", "json", "msgpack"):
+        if type_ == "msgpack":
+            return ormsgpack.unpackb(
+                data[1], ext_hook=self._ext_hook(), option=ormsgpack.OPT_NON_STR_KEYS
+            )
+        if type_ not in ("null", "bytes", "bytearray", "json"):
             # "pickle" lands here too: stored pickles are never executed.
             raise CorruptDataError(f"unknown serialization type tag {type_!r}")
         return super().loads_typed(data)
+
+    _fast_hook: tuple[Any, Any] | None = None
+
+    def _ext_hook(self) -> Any:
+        """LangGraph's ext hook (it may be replaced, see ``with_msgpack_allowlist``),
+        with LangChain messages rebuilt by :func:`_revive_message` where it can."""
+        slow = self._unpack_ext_hook
+        if self._fast_hook is not None and self._fast_hook[0] is slow:
+            return self._fast_hook[1]
+
+        def hook(code: int, payload: bytes) -> Any:
+            if code == _jp.EXT_PYDANTIC_V2:
+                tup = ormsgpack.unpackb(payload, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)
+                message = _revive_message(tup)
+                if message is not None:
+                    return message
+            return slow(code, payload)
+
+        self._fast_hook = (slow, hook)
+        return hook
 
     def _pack(self, obj: Any, refused: list[UnsafeTypeError]) -> bytes:
         def default(value: Any) -> Any:
@@ -122,6 +146,121 @@ class SafeSerializer(JsonPlusSerializer):
             f"set LANGGRAPH_STRICT_MSGPACK=true so LangGraph allows the types of your "
             f"graph's state schema."
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class _MessageSpec:
+    cls: type
+    fields: frozenset[str]
+    type: str
+
+
+_MESSAGE_SPECS: dict[tuple[str, str], _MessageSpec] = {}
+_TOOL_CALL_KEYS = frozenset({"name", "args", "id", "type"})
+_INVALID_TOOL_CALL_KEYS = frozenset({"name", "args", "id", "error", "type"})
+_USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
+
+
+def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
+    if not _MESSAGE_SPECS:
+        from langchain_core import messages as lc
+
+        for cls in (
+            lc.AIMessage,
+            lc.HumanMessage,
+            lc.SystemMessage,
+            lc.ToolMessage,
+            lc.ChatMessage,
+            lc.FunctionMessage,
+            lc.RemoveMessage,
+        ):
+            fields = cls.model_fields
+            spec = _MessageSpec(cls, frozenset(fields), str(fields["type"].default))
+            _MESSAGE_SPECS[(cls.__module__, cls.__name__)] = spec
+    return _MESSAGE_SPECS
+
+
+def _str_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _revive_message(tup: Any) -> Any:
+    """A LangChain message rebuilt from what ``model_dump`` stored, without running
+    pydantic validation (about 4x faster: it is most of the cost of reading a chat), or
+    None when that would not give exactly what validation gives.
+
+    It is only done where validation is the identity: the stored fields are exactly
+    the class's fields (a message stored by another langchain-core version takes the
+    slow path), each has the type validation would leave unchanged, and nothing is
+    left for a validator to do (an AI message's tool calls are already parsed into
+    the shape ``create_tool_call`` makes; a tool message's content and id are already
+    coerced). tests/test_serde.py compares both paths field by field.
+    """
+    if not isinstance(tup, (list, tuple)) or len(tup) < 3:
+        return None
+    spec = _message_specs().get((tup[0], tup[1]))
+    kw = tup[2]
+    if spec is None or not isinstance(kw, dict) or kw.keys() != spec.fields:
+        return None
+    content = kw["content"]
+    if not (
+        kw["type"] == spec.type
+        and (
+            isinstance(content, str)
+            or (isinstance(content, list) and all(isinstance(x, (str, dict)) for x in content))
+        )
+        and isinstance(kw["additional_kwargs"], dict)
+        and isinstance(kw["response_metadata"], dict)
+        and _str_or_none(kw["name"])
+        and _str_or_none(kw["id"])
+    ):
+        return None
+    if spec.type == "ai" and not _plain_tool_calls(kw):
+        return None
+    if spec.type == "tool" and not (
+        isinstance(kw["tool_call_id"], str) and kw["status"] in ("success", "error")
+    ):
+        return None
+    if spec.type == "chat" and not isinstance(kw["role"], str):
+        return None
+    if spec.type == "function" and not isinstance(kw["name"], str):
+        return None
+    message: Any = object.__new__(spec.cls)
+    # What pydantic's model_construct sets, with the values as validation would leave them.
+    object.__setattr__(message, "__dict__", kw)
+    object.__setattr__(message, "__pydantic_fields_set__", set(kw))
+    object.__setattr__(message, "__pydantic_extra__", {})
+    object.__setattr__(message, "__pydantic_private__", None)
+    return message
+
+
+def _plain_tool_calls(kw: dict[str, Any]) -> bool:
+    calls, invalid, usage = kw["tool_calls"], kw["invalid_tool_calls"], kw["usage_metadata"]
+    if not isinstance(calls, list) or not isinstance(invalid, list):
+        return False
+    if not calls and not invalid and kw["additional_kwargs"].get("tool_calls"):
+        return False  # validation would parse the provider's raw tool calls
+    for call in calls:
+        if not (
+            isinstance(call, dict)
+            and call.keys() == _TOOL_CALL_KEYS
+            and call["type"] == "tool_call"
+            and isinstance(call["name"], str)
+            and isinstance(call["args"], dict)
+            and _str_or_none(call["id"])
+        ):
+            return False
+    for call in invalid:
+        if not (
+            isinstance(call, dict)
+            and call.keys() == _INVALID_TOOL_CALL_KEYS
+            and call["type"] == "invalid_tool_call"
+            and all(_str_or_none(call[k]) for k in ("name", "args", "id", "error"))
+        ):
+            return False
+    return usage is None or (
+        isinstance(usage, dict) and all(isinstance(usage.get(k), int) for k in _USAGE_COUNTS)
+    )
 
 
 def generate_key() -> str:

@@ -219,7 +219,7 @@ async def test_reads_look_values_and_writes_up_by_primary_key(
         if is_postgres(kind):
             assert "Seq Scan" not in plan, plan
             key_column = "version" if "agentcheck_blobs" in query.sql else "checkpoint_id"
-            assert re.search(rf"Index Cond: .*{key_column}", plan), plan
+            assert re.search(rf"Index Cond: [^\n]*{key_column}", plan), plan
         else:
             assert re.search(r"SEARCH \w+ USING INDEX .*(version|checkpoint_id)=\?\)", plan), plan
             assert "SCAN agentcheck" not in plan and "SCAN b" not in plan, plan

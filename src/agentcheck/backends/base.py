@@ -164,16 +164,21 @@ class SQL:
     )
 
     # Look-ups of many keys at once, across threads (the values and pending writes of
-    # the checkpoints a read returns): ``{rows}`` becomes one ``(?, ...)`` per key.
-    # PostgreSQL answers a row-value IN list with primary-key look-ups.
+    # the checkpoints a read returns): ``{rows}`` becomes one ``(?, ...)`` per key. A join
+    # driven from a VALUES list is one primary-key look-up per key on both databases; a
+    # row-value IN list is not (both scan all of a thread's rows for it, so reads would
+    # slow down as a thread grows).
     SELECT_BLOBS_ANY = (
-        "SELECT thread_id, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
-        "WHERE (thread_id, checkpoint_ns, channel, version) IN ({rows})"
+        "SELECT b.thread_id, b.checkpoint_ns, b.channel, b.version, b.type, b.blob "
+        "FROM (VALUES {rows}) AS k CROSS JOIN agentcheck_blobs AS b "
+        "WHERE b.thread_id = k.column1 AND b.checkpoint_ns = k.column2 "
+        "AND b.channel = k.column3 AND b.version = k.column4"
     )
     SELECT_WRITES_ANY = (
-        "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, channel, type, blob, "
-        "task_path, idx FROM agentcheck_writes "
-        "WHERE (thread_id, checkpoint_ns, checkpoint_id) IN ({rows})"
+        "SELECT w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.channel, w.type, "
+        "w.blob, w.task_path, w.idx FROM (VALUES {rows}) AS k CROSS JOIN agentcheck_writes AS w "
+        "WHERE w.thread_id = k.column1 AND w.checkpoint_ns = k.column2 "
+        "AND w.checkpoint_id = k.column3"
     )
     SELECT_WRITES_FOR_CHANNELS = (
         "SELECT checkpoint_id, task_id, channel, type, blob, task_path, idx "

@@ -102,10 +102,9 @@ class SyncRunner:
             conn = None
             try:
                 with self._connection() as conn:
-                    # Pipeline mode: statements whose rows are not needed go out without
-                    # waiting for each answer; a put is one round trip, not six.
+                    # A put is one round trip, not six (see _pipeline).
                     with (
-                        conn.pipeline(),
+                        _pipeline(conn, write),
                         _transaction(conn, write),
                         conn.cursor(row_factory=tuple_row) as cur,
                     ):
@@ -149,7 +148,7 @@ class AsyncRunner:
             try:
                 async with self._connection() as conn:
                     async with (
-                        conn.pipeline(),
+                        _pipeline(conn, write),
                         _transaction(conn, write),
                         conn.cursor(row_factory=tuple_row) as cur,
                     ):
@@ -163,6 +162,13 @@ class AsyncRunner:
                     raise
                 await self.conn.check()
         raise AssertionError("unreachable")
+
+
+def _pipeline(conn: Any, write: bool) -> Any:
+    """Pipeline mode for writes: statements whose rows are not needed go out without
+    waiting for each answer. A read waits for each answer anyway, and leaving pipeline
+    mode costs one more round trip (its final sync)."""
+    return conn.pipeline() if write else contextlib.nullcontext()
 
 
 def _transaction(conn: Any, write: bool) -> Any:
@@ -191,9 +197,10 @@ def _execute(conn: Any, cur: Any, query: Query) -> Rows:
         cur.execute(_pg(query.sql), tuple(query.params))
         return []
     # In pipeline mode a cursor's fetchall() may still hold an earlier statement's
-    # result: a statement whose rows we read gets a cursor of its own.
+    # result: a statement whose rows we read gets a cursor of its own. Rows come in
+    # binary format: text format would send each stored value hex-encoded, twice its size.
     with conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
-        own.execute(_pg(query.sql), tuple(query.params))
+        own.execute(_pg(query.sql), tuple(query.params), binary=True)
         return own.fetchall()  # type: ignore[no-any-return]
 
 
@@ -205,7 +212,7 @@ async def _aexecute(conn: Any, cur: Any, query: Query) -> Rows:
         await cur.execute(_pg(query.sql), tuple(query.params))
         return []
     async with conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
-        await own.execute(_pg(query.sql), tuple(query.params))
+        await own.execute(_pg(query.sql), tuple(query.params), binary=True)
         return await own.fetchall()  # type: ignore[no-any-return]
 
 

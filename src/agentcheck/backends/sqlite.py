@@ -20,26 +20,7 @@ T = TypeVar("T")
 
 
 class SqliteSQL(SQL):
-    """SQLite's forms of the key look-ups.
-
-    SQLite scans the table for a row-value IN list (the whole table for a 4-column one,
-    all of a thread's rows for a 2-column one after ``thread_id = ?``), so a read would
-    slow down as its thread grows; a join driven from a VALUES list is one primary-key
-    look-up per key.
-    """
-
-    SELECT_BLOBS_ANY = (
-        "SELECT b.thread_id, b.checkpoint_ns, b.channel, b.version, b.type, b.blob "
-        "FROM (VALUES {rows}) AS k CROSS JOIN agentcheck_blobs AS b "
-        "WHERE b.thread_id = k.column1 AND b.checkpoint_ns = k.column2 "
-        "AND b.channel = k.column3 AND b.version = k.column4"
-    )
-    SELECT_WRITES_ANY = (
-        "SELECT w.thread_id, w.checkpoint_ns, w.checkpoint_id, w.task_id, w.channel, w.type, "
-        "w.blob, w.task_path, w.idx FROM (VALUES {rows}) AS k CROSS JOIN agentcheck_writes AS w "
-        "WHERE w.thread_id = k.column1 AND w.checkpoint_ns = k.column2 "
-        "AND w.checkpoint_id = k.column3"
-    )
+    """SQLite uses the portable SQL as it is."""
 
 
 # INTEGER PRIMARY KEY is the rowid: assigned in insert order.

@@ -1,0 +1,193 @@
+"""Reading LangChain messages back without pydantic validation gives exactly what
+LangGraph's own (validating) deserializer gives, and falls back to it whenever
+validation would change something."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ormsgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    FunctionMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langgraph.checkpoint.serde import jsonplus
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from agentcheck import serde as serde_module
+from agentcheck.serde import SafeSerializer
+
+MESSAGES: list[BaseMessage] = [
+    HumanMessage("hello", id="h1"),
+    HumanMessage(
+        [{"type": "text", "text": "look"}, "plain", {"type": "image", "url": "u"}],
+        name="ann",
+        additional_kwargs={"k": [1, 2]},
+    ),
+    SystemMessage("be brief"),
+    AIMessage("plain answer", id="a1", response_metadata={"model": "m", "n": 1}),
+    AIMessage(
+        "",
+        tool_calls=[
+            {"name": "charge", "args": {"amount": 5, "to": ["x"]}, "id": "c1"},
+            {"name": "refund", "args": {}, "id": None},
+        ],
+        usage_metadata={
+            "input_tokens": 10,
+            "output_tokens": 5,
+            "total_tokens": 15,
+            "input_token_details": {"cache_read": 3},
+        },
+    ),
+    AIMessage(
+        "",
+        invalid_tool_calls=[{"name": "x", "args": "{bad", "id": "i1", "error": "json"}],
+        additional_kwargs={"tool_calls": [{"id": "i1", "function": {"name": "x"}}]},
+    ),
+    ToolMessage("done", tool_call_id="c1", artifact={"receipt": 7}, status="error"),
+    ToolMessage([{"type": "text", "text": "t"}], tool_call_id="c2", name="charge"),
+    ChatMessage("hi", role="critic"),
+    FunctionMessage("42", name="answer"),
+    RemoveMessage(id="h1"),
+]
+
+
+def _state(message: Any) -> tuple[Any, ...]:
+    return (
+        type(message),
+        message.__dict__,
+        message.model_fields_set,
+        message.__pydantic_extra__,
+        message.__pydantic_private__,
+    )
+
+
+def _both(type_: str, data: bytes) -> tuple[Any, Any]:
+    fast = SafeSerializer().loads_typed((type_, data))
+    slow = JsonPlusSerializer(pickle_fallback=False).loads_typed((type_, data))
+    return fast, slow
+
+
+@pytest.fixture
+def revived(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Messages the fast path built (None for each time it declined)."""
+    seen: list[Any] = []
+    original = serde_module._revive_message
+
+    def spy(tup: Any) -> Any:
+        seen.append(result := original(tup))
+        return result
+
+    monkeypatch.setattr(serde_module, "_revive_message", spy)
+    return seen
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_messages_read_back_as_validation_gives_them(
+    message: BaseMessage, revived: list[Any]
+) -> None:
+    type_, data = SafeSerializer().dumps_typed([message, {"nested": message}])
+    fast, slow = _both(type_, data)
+    assert fast == slow == [message, {"nested": message}]
+    assert _state(fast[0]) == _state(slow[0])
+    assert _state(fast[1]["nested"]) == _state(slow[1]["nested"])
+    assert len(revived) == 2 and all(m is not None for m in revived)  # the fast path ran
+    assert fast[0] is not fast[1]["nested"]  # every read builds its own objects
+
+
+def _stored(module: str, name: str, kwargs: dict[str, Any]) -> bytes:
+    payload = ormsgpack.packb((module, name, kwargs, "model_validate_json"))
+    return ormsgpack.packb(ormsgpack.Ext(jsonplus.EXT_PYDANTIC_V2, payload))
+
+
+AI = ("langchain_core.messages.ai", "AIMessage")
+FULL_AI: dict[str, Any] = AIMessage("x", id="a").model_dump()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        # stored by an older langchain-core: a field missing (validation fills the default)
+        {k: v for k, v in FULL_AI.items() if k != "usage_metadata"},
+        # a field this version does not know (validation keeps it as an extra)
+        {**FULL_AI, "future_field": 1},
+        # raw provider tool calls only: validation parses them
+        {
+            **FULL_AI,
+            "additional_kwargs": {
+                "tool_calls": [
+                    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ]
+            },
+        },
+        # a tool call without its "type": validation adds it
+        {**FULL_AI, "tool_calls": [{"name": "f", "args": {}, "id": "c"}]},
+        # content of another type: validation refuses or converts it
+        {**FULL_AI, "content": 7},
+        {**FULL_AI, "type": "human"},
+    ],
+    ids=["missing-field", "extra-field", "raw-tool-calls", "untyped-call", "int-content", "type"],
+)
+def test_anything_validation_would_change_takes_langgraph_path(
+    kwargs: dict[str, Any], revived: list[Any]
+) -> None:
+    fast, slow = _both("msgpack", _stored(*AI, kwargs))
+    assert revived == [None]
+    assert type(fast) is type(slow)
+    if isinstance(slow, BaseMessage):
+        assert _state(fast) == _state(slow)
+    else:
+        assert fast == slow
+
+
+def test_tool_message_with_uncoerced_id_takes_langgraph_path(revived: list[Any]) -> None:
+    kwargs = {**ToolMessage("x", tool_call_id="c").model_dump(), "tool_call_id": 12}
+    fast, slow = _both("msgpack", _stored("langchain_core.messages.tool", "ToolMessage", kwargs))
+    assert revived == [None]
+    assert fast.tool_call_id == slow.tool_call_id == "12"
+
+
+text = st.text(max_size=20)
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), text)
+json_dict = st.dictionaries(text, st.one_of(json_leaf, st.lists(json_leaf, max_size=3)), max_size=3)
+tool_calls = st.lists(
+    st.fixed_dictionaries({"name": text, "args": json_dict, "id": st.one_of(st.none(), text)}),
+    max_size=3,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    content=st.one_of(text, st.lists(st.one_of(text, json_dict), max_size=3)),
+    name=st.one_of(st.none(), text),
+    msg_id=st.one_of(st.none(), text),
+    extra=json_dict,
+    calls=tool_calls,
+    kind=st.sampled_from(["human", "ai", "tool", "system"]),
+)
+def test_random_messages_read_back_as_validation_gives_them(
+    content: Any, name: Any, msg_id: Any, extra: Any, calls: Any, kind: str
+) -> None:
+    if kind == "ai":
+        message: BaseMessage = AIMessage(
+            content, name=name, id=msg_id, additional_kwargs=extra, tool_calls=calls
+        )
+    elif kind == "tool":
+        message = ToolMessage(content, tool_call_id=msg_id or "c", name=name, artifact=extra)
+    elif kind == "human":
+        message = HumanMessage(content, name=name, id=msg_id, response_metadata=extra)
+    else:
+        message = SystemMessage(content, name=name, id=msg_id, additional_kwargs=extra)
+    type_, data = SafeSerializer().dumps_typed(message)
+    fast, slow = _both(type_, data)
+    assert _state(fast) == _state(slow)
+    assert fast == message
