@@ -228,3 +228,70 @@ async def test_reads_look_values_and_writes_up_by_primary_key(
 def _replay(query: Query) -> Any:
     rows = yield query
     return rows
+
+
+def _failing_put(saver: Any, thread_id: str, failure: str) -> Any:
+    """An operation that stores a checkpoint row, then fails: by SQL or by Python."""
+    checkpoint_row = (thread_id, "", "cp-1", None, None, "msgpack", b"\x80", "msgpack", b"\x80")
+
+    def op() -> Any:
+        yield Query(saver.sql.UPSERT_CHECKPOINT, checkpoint_row)
+        if failure == "sql":
+            yield Query("SELECT no_such_column FROM agentcheck_checkpoints", fetch=True)
+        raise ValueError("the operation failed after its first statement")
+
+    return op
+
+
+@pytest.mark.parametrize("failure", ["sql", "python"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_failed_write_stores_nothing_and_the_saver_goes_on(
+    kind: str, saver: Any, failure: str
+) -> None:
+    """Every write runs in one transaction: a failure part-way leaves no trace and the
+    connection usable (on PostgreSQL autocommit connections agentcheck sends BEGIN and
+    COMMIT itself, inside the pipeline)."""
+    make_op = _failing_put(saver, "t-fail", failure)
+    with pytest.raises((ValueError, Exception)) as info:
+        if is_async(kind):
+            await saver.arun_op(make_op, write=True)
+        else:
+            saver.run_op(make_op, write=True)
+    if failure == "python":
+        assert isinstance(info.value, ValueError)
+    else:
+        assert "no_such_column" in str(info.value)
+    assert await _rows(saver, kind, "SELECT * FROM agentcheck_checkpoints") == []
+    # The same connections serve the next operations.
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    config = {"configurable": {"thread_id": "t-ok", "checkpoint_ns": ""}}
+    for _ in range(3):
+        if is_async(kind):
+            stored = await saver.aput(config, generate_checkpoint(), {}, {})
+            assert await saver.aget_tuple(stored) is not None
+        else:
+            stored = saver.put(config, generate_checkpoint(), {}, {})
+            assert saver.get_tuple(stored) is not None
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_a_failed_write_on_a_user_connection_stores_nothing(pg_url: str, autocommit: bool) -> None:
+    from agentcheck.savers import PostgresSaver
+
+    with psycopg.connect(pg_url, autocommit=autocommit) as conn:
+        saver = PostgresSaver(conn)
+        saver.setup()
+        with pytest.raises(ValueError):
+            saver.run_op(_failing_put(saver, "t-fail", "python"), write=True)
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            saver.run_op(_failing_put(saver, "t-fail", "sql"), write=True)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        config: Any = {"configurable": {"thread_id": "t-ok", "checkpoint_ns": ""}}
+        from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+        stored = saver.put(config, generate_checkpoint(), {}, {})
+        assert saver.get_tuple(stored) is not None
+    with psycopg.connect(pg_url) as check:
+        rows = check.execute("SELECT thread_id FROM agentcheck_checkpoints").fetchall()
+    assert rows == [("t-ok",)]

@@ -102,13 +102,21 @@ class SyncRunner:
             conn = None
             try:
                 with self._connection() as conn:
-                    # A put is one round trip, not six (see _pipeline).
-                    with (
-                        _pipeline(conn, write),
-                        _transaction(conn, write),
-                        conn.cursor(row_factory=tuple_row) as cur,
-                    ):
-                        return drive(make_op(), functools.partial(_execute, conn, cur))
+                    # A put is one round trip, not six (see _pipeline and _framed).
+                    explicit = write and conn.autocommit
+                    try:
+                        with (
+                            _pipeline(conn, write),
+                            _transaction(conn),
+                            conn.cursor(row_factory=tuple_row) as cur,
+                        ):
+                            op = _framed(make_op, explicit)
+                            return drive(op, functools.partial(_execute, conn, cur))
+                    except BaseException:
+                        if explicit and _in_transaction(conn):
+                            with contextlib.suppress(Exception):
+                                conn.execute("ROLLBACK")
+                        raise
             except Exception as exc:
                 if not _is_disconnect(exc, conn):
                     raise
@@ -147,12 +155,20 @@ class AsyncRunner:
             conn = None
             try:
                 async with self._connection() as conn:
-                    async with (
-                        _pipeline(conn, write),
-                        _transaction(conn, write),
-                        conn.cursor(row_factory=tuple_row) as cur,
-                    ):
-                        return await adrive(make_op(), functools.partial(_aexecute, conn, cur))
+                    explicit = write and conn.autocommit
+                    try:
+                        async with (
+                            _pipeline(conn, write),
+                            _transaction(conn),
+                            conn.cursor(row_factory=tuple_row) as cur,
+                        ):
+                            op = _framed(make_op, explicit)
+                            return await adrive(op, functools.partial(_aexecute, conn, cur))
+                    except BaseException:
+                        if explicit and _in_transaction(conn):
+                            with contextlib.suppress(Exception):
+                                await conn.execute("ROLLBACK")
+                        raise
             except Exception as exc:
                 if not _is_disconnect(exc, conn):
                     raise
@@ -171,13 +187,32 @@ def _pipeline(conn: Any, write: bool) -> Any:
     return conn.pipeline() if write else contextlib.nullcontext()
 
 
-def _transaction(conn: Any, write: bool) -> Any:
-    """A transaction for a write, or for any use of a connection not in autocommit
-    (else psycopg would leave one open). A read on an autocommit connection needs none:
-    under READ COMMITTED each statement sees its own snapshot anyway, and skipping
-    BEGIN/COMMIT saves a round trip. (Both kinds of connection: ``nullcontext`` works
-    with ``with`` and ``async with`` alike.)"""
-    return conn.transaction() if write or not conn.autocommit else contextlib.nullcontext()
+def _transaction(conn: Any) -> Any:
+    """psycopg's transaction block, on a connection not in autocommit (else psycopg would
+    leave one open). On an autocommit connection a write is framed by :func:`_framed`
+    instead, and a read needs none: under READ COMMITTED each statement sees its own
+    snapshot anyway. (``nullcontext`` works with ``with`` and ``async with`` alike.)"""
+    return contextlib.nullcontext() if conn.autocommit else conn.transaction()
+
+
+def _framed(make_op: Callable[[], Operation[T]], explicit: bool) -> Operation[T]:
+    """The operation, between BEGIN and COMMIT statements of its own when ``explicit``.
+
+    In pipeline mode they go out with the operation's statements, so a write is one
+    round trip; psycopg's transaction block waits for the server at BEGIN and at COMMIT.
+    """
+    if explicit:
+        yield Query("BEGIN")
+    result = yield from make_op()
+    if explicit:
+        yield Query("COMMIT")
+    return result
+
+
+def _in_transaction(conn: Any) -> bool:
+    """Whether an error left the connection inside a transaction we opened."""
+    status = _psycopg().pq.TransactionStatus
+    return not conn.closed and conn.info.transaction_status in (status.INTRANS, status.INERROR)
 
 
 def _single_connection_error(exc: Exception, pool: str) -> Exception:
