@@ -181,7 +181,16 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
 
 
 def _str_or_none(value: Any) -> bool:
-    return value is None or isinstance(value, str)
+    return value is None or type(value) is str
+
+
+def _plain_content(content: Any) -> bool:
+    if type(content) is str:
+        return True
+    return type(content) is list and all(type(x) is str or type(x) is dict for x in content)
+
+
+_set = object.__setattr__
 
 
 def _revive_message(tup: Any) -> Any:
@@ -191,75 +200,75 @@ def _revive_message(tup: Any) -> Any:
 
     It is only done where validation is the identity: the stored fields are exactly
     the class's fields (a message stored by another langchain-core version takes the
-    slow path), each has the type validation would leave unchanged, and nothing is
-    left for a validator to do (an AI message's tool calls are already parsed into
-    the shape ``create_tool_call`` makes; a tool message's content and id are already
-    coerced). tests/test_serde.py compares both paths field by field.
+    slow path), each has the exact type validation would leave unchanged (no
+    subclasses), and nothing is left for a validator to do (an AI message's tool calls
+    are already parsed into the shape ``create_tool_call`` makes; a tool message's
+    content and id are already coerced). tests/test_serde.py compares both paths field
+    by field.
     """
-    if not isinstance(tup, (list, tuple)) or len(tup) < 3:
+    if type(tup) is not list or len(tup) < 3:
         return None
-    spec = _message_specs().get((tup[0], tup[1]))
-    kw = tup[2]
-    if spec is None or not isinstance(kw, dict) or kw.keys() != spec.fields:
+    module, name, kw = tup[0], tup[1], tup[2]
+    if type(module) is not str or type(name) is not str or type(kw) is not dict:
         return None
-    content = kw["content"]
-    if not (
-        kw["type"] == spec.type
-        and (
-            isinstance(content, str)
-            or (isinstance(content, list) and all(isinstance(x, (str, dict)) for x in content))
-        )
-        and isinstance(kw["additional_kwargs"], dict)
-        and isinstance(kw["response_metadata"], dict)
-        and _str_or_none(kw["name"])
-        and _str_or_none(kw["id"])
+    spec = (_MESSAGE_SPECS or _message_specs()).get((module, name))
+    if (
+        spec is None
+        or kw.keys() != spec.fields
+        or kw["type"] != spec.type
+        or not _plain_content(kw["content"])
+        or type(kw["additional_kwargs"]) is not dict
+        or type(kw["response_metadata"]) is not dict
+        or not _str_or_none(kw["name"])
+        or not _str_or_none(kw["id"])
     ):
         return None
-    if spec.type == "ai" and not _plain_tool_calls(kw):
-        return None
-    if spec.type == "tool" and not (
-        isinstance(kw["tool_call_id"], str) and kw["status"] in ("success", "error")
+    kind = spec.type
+    if kind == "ai":
+        if not _plain_tool_calls(kw):
+            return None
+    elif kind == "tool":
+        if type(kw["tool_call_id"]) is not str or kw["status"] not in ("success", "error"):
+            return None
+    elif (kind == "chat" and type(kw["role"]) is not str) or (
+        kind == "function" and type(kw["name"]) is not str
     ):
-        return None
-    if spec.type == "chat" and not isinstance(kw["role"], str):
-        return None
-    if spec.type == "function" and not isinstance(kw["name"], str):
         return None
     message: Any = object.__new__(spec.cls)
     # What pydantic's model_construct sets, with the values as validation would leave them.
-    object.__setattr__(message, "__dict__", kw)
-    object.__setattr__(message, "__pydantic_fields_set__", set(kw))
-    object.__setattr__(message, "__pydantic_extra__", {})
-    object.__setattr__(message, "__pydantic_private__", None)
+    _set(message, "__dict__", kw)
+    _set(message, "__pydantic_fields_set__", set(kw))
+    _set(message, "__pydantic_extra__", {})
+    _set(message, "__pydantic_private__", None)
     return message
 
 
 def _plain_tool_calls(kw: dict[str, Any]) -> bool:
     calls, invalid, usage = kw["tool_calls"], kw["invalid_tool_calls"], kw["usage_metadata"]
-    if not isinstance(calls, list) or not isinstance(invalid, list):
+    if type(calls) is not list or type(invalid) is not list:
         return False
     if not calls and not invalid and kw["additional_kwargs"].get("tool_calls"):
         return False  # validation would parse the provider's raw tool calls
     for call in calls:
         if not (
-            isinstance(call, dict)
+            type(call) is dict
             and call.keys() == _TOOL_CALL_KEYS
             and call["type"] == "tool_call"
-            and isinstance(call["name"], str)
-            and isinstance(call["args"], dict)
+            and type(call["name"]) is str
+            and type(call["args"]) is dict
             and _str_or_none(call["id"])
         ):
             return False
     for call in invalid:
         if not (
-            isinstance(call, dict)
+            type(call) is dict
             and call.keys() == _INVALID_TOOL_CALL_KEYS
             and call["type"] == "invalid_tool_call"
             and all(_str_or_none(call[k]) for k in ("name", "args", "id", "error"))
         ):
             return False
     return usage is None or (
-        isinstance(usage, dict) and all(isinstance(usage.get(k), int) for k in _USAGE_COUNTS)
+        type(usage) is dict and all(type(usage.get(k)) is int for k in _USAGE_COUNTS)
     )
 
 

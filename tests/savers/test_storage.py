@@ -14,7 +14,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from agentcheck.backends import postgres as pg_backend
-from agentcheck.backends.base import Query, drive
+from agentcheck.backends.base import Query, batch, drive
 
 from savers_support import KINDS, SYNC_KINDS, is_async, is_postgres, open_saver
 
@@ -295,3 +295,39 @@ def test_a_failed_write_on_a_user_connection_stores_nothing(pg_url: str, autocom
     with psycopg.connect(pg_url) as check:
         rows = check.execute("SELECT thread_id FROM agentcheck_checkpoints").fetchall()
     assert rows == [("t-ok",)]
+
+
+@pytest.mark.parametrize("write", [False, True], ids=["read", "write"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_batch_of_queries_answers_each_in_order(kind: str, saver: Any, write: bool) -> None:
+    """Independent queries yielded together (PostgreSQL pipelines them, in a write's
+    transaction or on their own) each get their own answer, in order."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    for thread in ("a", "b"):
+        config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        checkpoint = generate_checkpoint()
+        if is_async(kind):
+            stored = await saver.aput(config, checkpoint, {"who": thread}, {})
+            await saver.aput_writes(stored, [("x", thread)], "task")
+        else:
+            stored = saver.put(config, checkpoint, {"who": thread}, {})
+            saver.put_writes(stored, [("x", thread)], "task")
+
+    select = "SELECT thread_id FROM agentcheck_writes WHERE thread_id = ?"
+
+    def op() -> Any:
+        queries = [Query(select, ("b",), fetch=True), Query(select, ("a",), fetch=True)]
+        if write:
+            queries.insert(1, Query("DELETE FROM agentcheck_writes WHERE thread_id = ?", ("b",)))
+        answers = yield from batch(queries)
+        after = yield Query(select, ("b",), fetch=True)
+        return answers, after
+
+    if is_async(kind):
+        answers, after = await saver.arun_op(op, write=write)
+    else:
+        answers, after = saver.run_op(op, write=write)
+    expected = [[("b",)], [], [("a",)]] if write else [[("b",)], [("a",)]]
+    assert [list(map(tuple, rows)) for rows in answers] == expected
+    assert after == ([] if write else [("b",)])

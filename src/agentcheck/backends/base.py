@@ -22,10 +22,12 @@ from agentcheck._errors import SchemaVersionError
 
 __all__ = [
     "SQL",
+    "Batch",
     "Operation",
     "Query",
     "Rows",
     "adrive",
+    "batch",
     "drive",
     "in_list",
     "migrate",
@@ -52,26 +54,62 @@ class Query:
     fetch: bool = False
 
 
-# An operation yields queries and is sent back each query's rows (empty when not fetched).
-Operation = Generator[Query, Rows, T]
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Queries that do not depend on each other's answers, answered by a list of their
+    rows: PostgreSQL sends them in one round trip (see :func:`batch`)."""
+
+    queries: tuple[Query, ...]
 
 
-def drive(op: Operation[T], execute: Callable[[Query], Rows]) -> T:
-    """Run an operation to completion with a synchronous ``execute``."""
+# An operation yields queries and is sent back each query's rows (empty when not fetched),
+# or yields a Batch and is sent back a list of rows, one per query.
+Operation = Generator[Query | Batch, Any, T]
+
+
+def batch(queries: Sequence[Query]) -> Generator[Query | Batch, Any, list[Rows]]:
+    """Run independent queries together; ``yield from batch(...)`` gives their rows."""
+    if len(queries) == 1:
+        return [(yield queries[0])]
+    answers: list[Rows] = yield Batch(tuple(queries))
+    return answers
+
+
+def drive(
+    op: Operation[T],
+    execute: Callable[[Query], Rows],
+    execute_batch: Callable[[Sequence[Query]], list[Rows]] | None = None,
+) -> T:
+    """Run an operation to completion with a synchronous ``execute`` (and
+    ``execute_batch`` for batches; without it their queries run one by one)."""
     try:
-        query = next(op)
+        step = next(op)
         while True:
-            query = op.send(execute(query))
+            if isinstance(step, Query):
+                step = op.send(execute(step))
+            elif execute_batch is not None:
+                step = op.send(execute_batch(step.queries))
+            else:
+                step = op.send([execute(query) for query in step.queries])
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def adrive(op: Operation[T], execute: Callable[[Query], Awaitable[Rows]]) -> T:
+async def adrive(
+    op: Operation[T],
+    execute: Callable[[Query], Awaitable[Rows]],
+    execute_batch: Callable[[Sequence[Query]], Awaitable[list[Rows]]] | None = None,
+) -> T:
     """Run an operation to completion with an asynchronous ``execute``."""
     try:
-        query = next(op)
+        step = next(op)
         while True:
-            query = op.send(await execute(query))
+            if isinstance(step, Query):
+                step = op.send(await execute(step))
+            elif execute_batch is not None:
+                step = op.send(await execute_batch(step.queries))
+            else:
+                step = op.send([await execute(query) for query in step.queries])
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 

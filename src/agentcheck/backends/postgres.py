@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import functools
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -111,7 +111,11 @@ class SyncRunner:
                             conn.cursor(row_factory=tuple_row) as cur,
                         ):
                             op = _framed(make_op, explicit)
-                            return drive(op, functools.partial(_execute, conn, cur))
+                            return drive(
+                                op,
+                                functools.partial(_execute, conn, cur),
+                                functools.partial(_execute_batch, conn),
+                            )
                     except BaseException:
                         if explicit and _in_transaction(conn):
                             with contextlib.suppress(Exception):
@@ -163,7 +167,11 @@ class AsyncRunner:
                             conn.cursor(row_factory=tuple_row) as cur,
                         ):
                             op = _framed(make_op, explicit)
-                            return await adrive(op, functools.partial(_aexecute, conn, cur))
+                            return await adrive(
+                                op,
+                                functools.partial(_aexecute, conn, cur),
+                                functools.partial(_aexecute_batch, conn),
+                            )
                     except BaseException:
                         if explicit and _in_transaction(conn):
                             with contextlib.suppress(Exception):
@@ -249,6 +257,42 @@ async def _aexecute(conn: Any, cur: Any, query: Query) -> Rows:
     async with conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
         await own.execute(_pg(query.sql), tuple(query.params), binary=True)
         return await own.fetchall()  # type: ignore[no-any-return]
+
+
+def _execute_batch(conn: Any, queries: Sequence[Query]) -> list[Rows]:
+    """Send all the queries, then read all the answers (pipeline mode: entered here for
+    reads, nested in the write's own pipeline otherwise; leaving the block syncs)."""
+    tuple_row = _psycopg().rows.tuple_row
+    with contextlib.ExitStack() as stack:
+        cursors = [stack.enter_context(conn.cursor(row_factory=tuple_row)) for _ in queries]
+        with conn.pipeline():
+            for cur, query in zip(cursors, queries, strict=True):
+                if query.many:
+                    cur.executemany(_pg(query.sql), query.params)
+                else:
+                    cur.execute(_pg(query.sql), tuple(query.params), binary=query.fetch)
+        return [
+            cur.fetchall() if query.fetch else []
+            for cur, query in zip(cursors, queries, strict=True)
+        ]
+
+
+async def _aexecute_batch(conn: Any, queries: Sequence[Query]) -> list[Rows]:
+    tuple_row = _psycopg().rows.tuple_row
+    async with contextlib.AsyncExitStack() as stack:
+        cursors = [
+            await stack.enter_async_context(conn.cursor(row_factory=tuple_row)) for _ in queries
+        ]
+        async with conn.pipeline():
+            for cur, query in zip(cursors, queries, strict=True):
+                if query.many:
+                    await cur.executemany(_pg(query.sql), query.params)
+                else:
+                    await cur.execute(_pg(query.sql), tuple(query.params), binary=query.fetch)
+        return [
+            await cur.fetchall() if query.fetch else []
+            for cur, query in zip(cursors, queries, strict=True)
+        ]
 
 
 def pool_kwargs() -> dict[str, Any]:

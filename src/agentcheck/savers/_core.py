@@ -41,7 +41,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agentcheck._errors import CorruptDataError
-from agentcheck.backends.base import SQL, Operation, Query, Rows, in_list
+from agentcheck.backends.base import SQL, Operation, Query, Rows, batch, in_list
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import RunJournal
@@ -49,7 +49,9 @@ from agentcheck.serde import Codec, SafeSerializer
 
 __all__ = ["SaverCore"]
 
-_EMPTY = "empty"  # a channel with a version but no value (for example a DeltaChannel step)
+# A channel with a version but no value, as earlier agentcheck versions recorded it (such
+# channels get no row now); reads skip these rows.
+_EMPTY = "empty"
 _COMMON_KEYS = ('["source"]=', '["step"]=', '["parents"')  # terms shared by many rows
 _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
@@ -196,6 +198,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         remember: list[Callable[[], None]] = []
         planned: dict[str, list[str]] = {}  # channel -> rows it is built from, for deltas now
         for channel, version in new_versions.items():
+            # A channel with a new version but no value (consumed, or a DeltaChannel step)
+            # gets no row: reads treat a missing row as no value.
             if channel in values:
                 delta, after = self.list_deltas.plan(
                     (thread_id, ns, channel), str(version), values[channel]
@@ -209,9 +213,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                     type_, data = self.codec.encode(DELTA, packed)
                 else:
                     type_, data = self._dump(values[channel])
-            else:
-                type_, data = _EMPTY, b""
-            blob_rows.append((thread_id, ns, channel, str(version), type_, data))
+                blob_rows.append((thread_id, ns, channel, str(version), type_, data))
         rest: dict[str, Any] = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         bases = self.list_deltas.bases(thread_id, ns, checkpoint["channel_versions"])
         bases.update(planned)
@@ -383,13 +385,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             ids.setdefault((thread_id, ns), []).append(checkpoint_id)
 
         # One query for the values and one for the writes of all rows, whatever threads
-        # they come from (a filtered list spans many).
-        values = yield from self._fetch_blobs_of(wanted)
+        # they come from (a filtered list spans many), sent together.
+        keys = [(t, ns, cid) for (t, ns), id_list in ids.items() for cid in id_list]
+        write_queries = list(self._key_queries(keys, self.sql.SELECT_WRITES_ANY))
+        values, write_answers = yield from self._fetch_blobs_of(wanted, write_queries)
 
         writes: dict[tuple[str, str, str], list[tuple[tuple[str, str, int], PendingWrite]]] = {}
-        keys = [(t, ns, cid) for (t, ns), id_list in ids.items() for cid in id_list]
-        for query in self._key_queries(keys, self.sql.SELECT_WRITES_ANY):
-            write_rows = yield query
+        for write_rows in write_answers:
             for (
                 thread_id,
                 ns,
@@ -462,23 +464,34 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self, thread_id: str, ns: str, pairs: Iterable[tuple[str, str]]
     ) -> Operation[dict[tuple[str, str], tuple[str, Any]]]:
         """Stored values of one (thread, namespace) by (channel, version)."""
-        found = yield from self._fetch_blobs_of({(thread_id, ns): set(pairs)})
+        found, _ = yield from self._fetch_blobs_of({(thread_id, ns): set(pairs)})
         return found.get((thread_id, ns), {})
 
     def _fetch_blobs_of(
-        self, wanted: Mapping[tuple[str, str], Iterable[tuple[str, str]]]
-    ) -> Operation[dict[tuple[str, str], dict[tuple[str, str], tuple[str, Any]]]]:
+        self,
+        wanted: Mapping[tuple[str, str], Iterable[tuple[str, str]]],
+        extra: Sequence[Query] = (),
+    ) -> Operation[
+        tuple[dict[tuple[str, str], dict[tuple[str, str], tuple[str, Any]]], list[Rows]]
+    ]:
         """Stored values, per (thread, namespace), by (channel, version), without "empty"
-        ones, plus the snapshots their delta rows need: primary-key look-ups (a row-value
-        IN list, which both databases answer from the index), and one more round only
-        for snapshots the caller did not already ask for."""
+        ones, plus the snapshots their delta rows need: primary-key look-ups, and one
+        more round only for snapshots the caller did not already ask for. The ``extra``
+        queries go out with the first round; their rows are returned too."""
         found: dict[tuple[str, str], dict[tuple[str, str], tuple[str, Any]]] = {
             tn: {} for tn in wanted
         }
         todo = {(t, ns, ch, v) for (t, ns), pairs in wanted.items() for ch, v in pairs}
-        while todo:
-            for query in self._key_queries(sorted(todo), self.sql.SELECT_BLOBS_ANY):
-                rows = yield query
+        extra_rows: list[Rows] | None = None
+        while todo or extra_rows is None:
+            queries = list(self._key_queries(sorted(todo), self.sql.SELECT_BLOBS_ANY))
+            n_blobs = len(queries)
+            if extra_rows is None:
+                queries += extra
+            answers = (yield from batch(queries)) if queries else []
+            if extra_rows is None:
+                extra_rows = answers[n_blobs:]
+            for rows in answers[:n_blobs]:
                 for thread_id, ns, channel, version, type_, data in rows:
                     if type_ != _EMPTY:
                         found[(thread_id, ns)][(channel, version)] = (type_, data)
@@ -490,7 +503,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                         by_pair[(channel, version)] = (type_, header)
                         if (channel, header.base_version) not in by_pair:
                             todo.add((thread_id, ns, channel, header.base_version))
-        return found
+        return found, extra_rows
 
     def _delta_header(self, type_: str, data: Any, where: tuple[str, str, str]) -> _Header:
         thread_id, ns, channel = where
