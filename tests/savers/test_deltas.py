@@ -200,3 +200,50 @@ async def test_deltas_are_encrypted_too(kind: str, sqlite_path: str, pg_url: str
         graph = chat_graph().compile(checkpointer=fresh)
         config = {"configurable": {"thread_id": "t"}}
         check_history(await history(graph, kind, config), 12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_failed_put_leaves_nothing_to_build_deltas_on(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """The saver remembers a stored list (to store the next version as a delta of it)
+    only once its transaction has committed: a put that fails, even at the very end
+    (PostgreSQL sends a write's statements in one burst at commit), must not become
+    the base of later deltas, or the later checkpoints would be unreadable."""
+    config = {"configurable": {"thread_id": "t"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        await run_chat(graph, kind, "t", 12)
+        broken = type(
+            "BrokenSQL",
+            (saver.sql,),
+            {"UPSERT_CHECKPOINT": saver.sql.UPSERT_CHECKPOINT.replace("agentcheck_", "nowhere_")},
+        )
+        original = saver._put
+
+        def put_failing_with_messages(*args: Any) -> Any:
+            # Only a put that stores a new version of the list fails.
+            if "messages" in args[3]:
+                saver.sql = broken
+            try:
+                return (yield from original(*args))
+            finally:
+                saver.__dict__.pop("sql", None)
+
+        # A failure at several places of the snapshot/delta cycle, each turn then redone.
+        for turn in range(12, 17):
+            saver._put = put_failing_with_messages
+            with pytest.raises(Exception, match="nowhere_checkpoints"):
+                await run_chat(graph, kind, "t", turn + 1, start=turn)
+            del saver._put
+            await run_chat(graph, kind, "t", turn + 1, start=turn)
+        await run_chat(graph, kind, "t", 20, start=17)
+        assert contents(await call(graph, "get_state", kind, config)) == expected(20)
+
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        graph = chat_graph().compile(checkpointer=fresh)
+        states = await history(graph, kind, config)
+        assert contents(states[0]) == expected(20)
+        for state in states:  # every checkpoint reads back (none built on the failed put)
+            n = len(state.values.get("messages", []))
+            assert contents(state) == expected(20)[:n]

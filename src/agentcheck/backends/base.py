@@ -23,6 +23,7 @@ from agentcheck._errors import SchemaVersionError
 __all__ = [
     "SQL",
     "Batch",
+    "OnCommit",
     "Operation",
     "Query",
     "Rows",
@@ -62,12 +63,22 @@ class Batch:
     queries: tuple[Query, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class OnCommit:
+    """A callback to run once the operation's transaction has committed, and never if it
+    fails: for in-memory state that must only describe what is stored. (A backend may
+    send statements whose rows are not read only later, at the next read or at commit,
+    so an operation's code after a write does not mean the write succeeded.)"""
+
+    callback: Callable[[], None]
+
+
 # An operation yields queries and is sent back each query's rows (empty when not fetched),
-# or yields a Batch and is sent back a list of rows, one per query.
-Operation = Generator[Query | Batch, Any, T]
+# or yields a Batch and is sent back a list of rows, one per query, or an OnCommit.
+Operation = Generator[Query | Batch | OnCommit, Any, T]
 
 
-def batch(queries: Sequence[Query]) -> Generator[Query | Batch, Any, list[Rows]]:
+def batch(queries: Sequence[Query]) -> Generator[Query | Batch | OnCommit, Any, list[Rows]]:
     """Run independent queries together; ``yield from batch(...)`` gives their rows."""
     if len(queries) == 1:
         return [(yield queries[0])]
@@ -79,19 +90,31 @@ def drive(
     op: Operation[T],
     execute: Callable[[Query], Rows],
     execute_batch: Callable[[Sequence[Query]], list[Rows]] | None = None,
+    on_commit: list[Callable[[], None]] | None = None,
 ) -> T:
     """Run an operation to completion with a synchronous ``execute`` (and
-    ``execute_batch`` for batches; without it their queries run one by one)."""
+    ``execute_batch`` for batches; without it their queries run one by one).
+
+    The operation's :class:`OnCommit` callbacks are appended to ``on_commit``, for the
+    caller to run after its commit; without a list they run when the operation ends.
+    """
+    callbacks: list[Callable[[], None]] = [] if on_commit is None else on_commit
     try:
         step = next(op)
         while True:
             if isinstance(step, Query):
                 step = op.send(execute(step))
+            elif isinstance(step, OnCommit):
+                callbacks.append(step.callback)
+                step = op.send(None)
             elif execute_batch is not None:
                 step = op.send(execute_batch(step.queries))
             else:
                 step = op.send([execute(query) for query in step.queries])
     except StopIteration as stop:
+        if on_commit is None:
+            for callback in callbacks:
+                callback()
         return stop.value  # type: ignore[no-any-return]
 
 
@@ -99,18 +122,26 @@ async def adrive(
     op: Operation[T],
     execute: Callable[[Query], Awaitable[Rows]],
     execute_batch: Callable[[Sequence[Query]], Awaitable[list[Rows]]] | None = None,
+    on_commit: list[Callable[[], None]] | None = None,
 ) -> T:
-    """Run an operation to completion with an asynchronous ``execute``."""
+    """Run an operation to completion with an asynchronous ``execute`` (see :func:`drive`)."""
+    callbacks: list[Callable[[], None]] = [] if on_commit is None else on_commit
     try:
         step = next(op)
         while True:
             if isinstance(step, Query):
                 step = op.send(await execute(step))
+            elif isinstance(step, OnCommit):
+                callbacks.append(step.callback)
+                step = op.send(None)
             elif execute_batch is not None:
                 step = op.send(await execute_batch(step.queries))
             else:
                 step = op.send([await execute(query) for query in step.queries])
     except StopIteration as stop:
+        if on_commit is None:
+            for callback in callbacks:
+                callback()
         return stop.value  # type: ignore[no-any-return]
 
 

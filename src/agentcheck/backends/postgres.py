@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -102,25 +101,31 @@ class SyncRunner:
             conn = None
             try:
                 with self._connection() as conn:
-                    # A put is one round trip, not six (see _pipeline and _framed).
+                    # A write is one round trip (see _Statements and _framed).
                     explicit = write and conn.autocommit
+                    callbacks: list[Callable[[], None]] = []
                     try:
                         with (
                             _pipeline(conn, write),
                             _transaction(conn),
                             conn.cursor(row_factory=tuple_row) as cur,
                         ):
-                            op = _framed(make_op, explicit)
-                            return drive(
-                                op,
-                                functools.partial(_execute, conn, cur),
-                                functools.partial(_execute_batch, conn),
+                            statements = _Statements(conn, cur)
+                            result = drive(
+                                _framed(make_op, explicit),
+                                statements.execute,
+                                statements.execute_batch,
+                                on_commit=callbacks,
                             )
+                            statements.flush()
                     except BaseException:
                         if explicit and _in_transaction(conn):
                             with contextlib.suppress(Exception):
                                 conn.execute("ROLLBACK")
                         raise
+                for callback in callbacks:
+                    callback()
+                return result
             except Exception as exc:
                 if not _is_disconnect(exc, conn):
                     raise
@@ -160,23 +165,29 @@ class AsyncRunner:
             try:
                 async with self._connection() as conn:
                     explicit = write and conn.autocommit
+                    callbacks: list[Callable[[], None]] = []
                     try:
                         async with (
                             _pipeline(conn, write),
                             _transaction(conn),
                             conn.cursor(row_factory=tuple_row) as cur,
                         ):
-                            op = _framed(make_op, explicit)
-                            return await adrive(
-                                op,
-                                functools.partial(_aexecute, conn, cur),
-                                functools.partial(_aexecute_batch, conn),
+                            statements = _AsyncStatements(conn, cur)
+                            result = await adrive(
+                                _framed(make_op, explicit),
+                                statements.execute,
+                                statements.execute_batch,
+                                on_commit=callbacks,
                             )
+                            await statements.flush()
                     except BaseException:
                         if explicit and _in_transaction(conn):
                             with contextlib.suppress(Exception):
                                 await conn.execute("ROLLBACK")
                         raise
+                for callback in callbacks:
+                    callback()
+                return result
             except Exception as exc:
                 if not _is_disconnect(exc, conn):
                     raise
@@ -232,67 +243,104 @@ def _single_connection_error(exc: Exception, pool: str) -> Exception:
     return error
 
 
-def _execute(conn: Any, cur: Any, query: Query) -> Rows:
+class _Statements:
+    """Executes an operation's queries on one connection.
+
+    Statements whose rows are not read are held back and sent in one burst, just before
+    the next statement whose rows are, or at the end (with the COMMIT that ends a
+    write): sent one by one, as the operation's Python work between them allows, each
+    would wake the server's backend up again, which costs more than the round trip on
+    a busy machine. Their errors surface at that burst, inside the transaction.
+    """
+
+    def __init__(self, conn: Any, cur: Any) -> None:
+        self.conn = conn
+        self.cur = cur
+        self.held: list[Query] = []
+
+    def execute(self, query: Query) -> Rows:
+        if not query.fetch:
+            self.held.append(query)
+            return []
+        self.flush()
+        # In pipeline mode a cursor's fetchall() may still hold an earlier statement's
+        # result: a statement whose rows we read gets a cursor of its own. Rows come in
+        # binary format: text format sends each stored value hex-encoded, twice its size.
+        with self.conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
+            own.execute(_pg(query.sql), tuple(query.params), binary=True)
+            return own.fetchall()  # type: ignore[no-any-return]
+
+    def execute_batch(self, queries: Sequence[Query]) -> list[Rows]:
+        """Send the held statements and all the queries, then read all the answers: one
+        round trip (pipeline mode: entered here for reads, nested in a write's own;
+        leaving the block syncs)."""
+        held, self.held = self.held, []
+        tuple_row = _psycopg().rows.tuple_row
+        with contextlib.ExitStack() as stack:
+            cursors = [
+                stack.enter_context(self.conn.cursor(row_factory=tuple_row)) for _ in queries
+            ]
+            with self.conn.pipeline():
+                for query in held:
+                    _send(self.cur, query)
+                for cur, query in zip(cursors, queries, strict=True):
+                    _send(cur, query)
+            return [
+                cur.fetchall() if query.fetch else []
+                for cur, query in zip(cursors, queries, strict=True)
+            ]
+
+    def flush(self) -> None:
+        held, self.held = self.held, []
+        for query in held:
+            _send(self.cur, query)
+
+
+def _send(cur: Any, query: Query) -> Any:
     if query.many:
-        cur.executemany(_pg(query.sql), query.params)
-        return []
-    if not query.fetch:
-        cur.execute(_pg(query.sql), tuple(query.params))
-        return []
-    # In pipeline mode a cursor's fetchall() may still hold an earlier statement's
-    # result: a statement whose rows we read gets a cursor of its own. Rows come in
-    # binary format: text format would send each stored value hex-encoded, twice its size.
-    with conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
-        own.execute(_pg(query.sql), tuple(query.params), binary=True)
-        return own.fetchall()  # type: ignore[no-any-return]
+        return cur.executemany(_pg(query.sql), query.params)
+    return cur.execute(_pg(query.sql), tuple(query.params), binary=query.fetch)
 
 
-async def _aexecute(conn: Any, cur: Any, query: Query) -> Rows:
-    if query.many:
-        await cur.executemany(_pg(query.sql), query.params)
-        return []
-    if not query.fetch:
-        await cur.execute(_pg(query.sql), tuple(query.params))
-        return []
-    async with conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
-        await own.execute(_pg(query.sql), tuple(query.params), binary=True)
-        return await own.fetchall()  # type: ignore[no-any-return]
+class _AsyncStatements:
+    """The async twin of :class:`_Statements`."""
 
+    def __init__(self, conn: Any, cur: Any) -> None:
+        self.conn = conn
+        self.cur = cur
+        self.held: list[Query] = []
 
-def _execute_batch(conn: Any, queries: Sequence[Query]) -> list[Rows]:
-    """Send all the queries, then read all the answers (pipeline mode: entered here for
-    reads, nested in the write's own pipeline otherwise; leaving the block syncs)."""
-    tuple_row = _psycopg().rows.tuple_row
-    with contextlib.ExitStack() as stack:
-        cursors = [stack.enter_context(conn.cursor(row_factory=tuple_row)) for _ in queries]
-        with conn.pipeline():
-            for cur, query in zip(cursors, queries, strict=True):
-                if query.many:
-                    cur.executemany(_pg(query.sql), query.params)
-                else:
-                    cur.execute(_pg(query.sql), tuple(query.params), binary=query.fetch)
-        return [
-            cur.fetchall() if query.fetch else []
-            for cur, query in zip(cursors, queries, strict=True)
-        ]
+    async def execute(self, query: Query) -> Rows:
+        if not query.fetch:
+            self.held.append(query)
+            return []
+        await self.flush()
+        async with self.conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
+            await own.execute(_pg(query.sql), tuple(query.params), binary=True)
+            return await own.fetchall()  # type: ignore[no-any-return]
 
+    async def execute_batch(self, queries: Sequence[Query]) -> list[Rows]:
+        held, self.held = self.held, []
+        tuple_row = _psycopg().rows.tuple_row
+        async with contextlib.AsyncExitStack() as stack:
+            cursors = [
+                await stack.enter_async_context(self.conn.cursor(row_factory=tuple_row))
+                for _ in queries
+            ]
+            async with self.conn.pipeline():
+                for query in held:
+                    await _send(self.cur, query)
+                for cur, query in zip(cursors, queries, strict=True):
+                    await _send(cur, query)
+            return [
+                await cur.fetchall() if query.fetch else []
+                for cur, query in zip(cursors, queries, strict=True)
+            ]
 
-async def _aexecute_batch(conn: Any, queries: Sequence[Query]) -> list[Rows]:
-    tuple_row = _psycopg().rows.tuple_row
-    async with contextlib.AsyncExitStack() as stack:
-        cursors = [
-            await stack.enter_async_context(conn.cursor(row_factory=tuple_row)) for _ in queries
-        ]
-        async with conn.pipeline():
-            for cur, query in zip(cursors, queries, strict=True):
-                if query.many:
-                    await cur.executemany(_pg(query.sql), query.params)
-                else:
-                    await cur.execute(_pg(query.sql), tuple(query.params), binary=query.fetch)
-        return [
-            await cur.fetchall() if query.fetch else []
-            for cur, query in zip(cursors, queries, strict=True)
-        ]
+    async def flush(self) -> None:
+        held, self.held = self.held, []
+        for query in held:
+            await _send(self.cur, query)
 
 
 def pool_kwargs() -> dict[str, Any]:

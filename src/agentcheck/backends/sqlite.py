@@ -80,24 +80,28 @@ def _execute(conn: sqlite3.Connection, query: Query) -> Rows:
 
 
 def run(conn: sqlite3.Connection, make_op: Callable[[], Operation[T]], write: bool) -> T:
-    """Run one operation in one transaction.
+    """Run one operation in one transaction, then its OnCommit callbacks.
 
     Writers take the write lock up front (``BEGIN IMMEDIATE``) so that two processes
     never deadlock upgrading read locks. Inside a transaction the caller already opened,
-    a savepoint is used and the caller's commit decides.
+    a savepoint is used and the caller's commit decides (the callbacks then run once the
+    savepoint is released).
     """
     nested = conn.in_transaction
     conn.execute("SAVEPOINT agentcheck" if nested else ("BEGIN IMMEDIATE" if write else "BEGIN"))
+    callbacks: list[Callable[[], None]] = []
     try:
-        result = drive(make_op(), lambda q: _execute(conn, q))
+        result = drive(make_op(), lambda q: _execute(conn, q), on_commit=callbacks)
+        conn.execute("RELEASE agentcheck" if nested else "COMMIT")
     except BaseException:
         if nested:
             conn.execute("ROLLBACK TO agentcheck")
             conn.execute("RELEASE agentcheck")
-        else:
+        elif conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    conn.execute("RELEASE agentcheck" if nested else "COMMIT")
+    for callback in callbacks:
+        callback()
     return result
 
 

@@ -41,7 +41,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agentcheck._errors import CorruptDataError
-from agentcheck.backends.base import SQL, Operation, Query, Rows, batch, in_list
+from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import RunJournal
@@ -243,7 +243,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if terms:
             yield Query(self.sql.INSERT_TERM, terms, many=True)
         for after in remember:
-            after()
+            yield OnCommit(after)
         if self.journal_nodes:
             if not ns:
                 yield from self._journal_checkpoint(thread_id, checkpoint_id, meta, values)

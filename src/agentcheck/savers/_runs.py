@@ -14,7 +14,7 @@ from typing import Any
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME
 
 from agentcheck import _task_names as task_names
-from agentcheck.backends.base import Operation
+from agentcheck.backends.base import OnCommit, Operation
 from agentcheck.journal import EventSpec, JournalOps
 
 __all__ = ["RunJournal"]
@@ -63,7 +63,7 @@ class RunJournal:
             yield from self.journal_ops.start_run(
                 thread_id, framework="langgraph", thread_id=thread_id
             )
-            self._run_status[thread_id] = ("running", checkpoint_id)
+            yield from self._set_status(thread_id, "running", checkpoint_id)
             return "running"
         return status or "running"
 
@@ -94,7 +94,7 @@ class RunJournal:
         ):
             # No node is triggered and no task is pending: the graph has finished.
             if (yield from self.journal_ops.set_run_status(thread_id, "succeeded")):
-                self._run_status[thread_id] = ("succeeded", checkpoint_id)
+                yield from self._set_status(thread_id, "succeeded", checkpoint_id)
         return None
 
     def _push_nodes_at(self, thread_id: str, ns: str, checkpoint_id: str) -> list[str] | None:
@@ -117,7 +117,7 @@ class RunJournal:
         status, at = self._run_status.get(run_id, (None, None))
         if status != "running":
             yield from self.journal_ops.start_run(run_id, framework=framework, thread_id=run_id)
-            self._run_status[run_id] = ("running", at)
+            yield from self._set_status(run_id, "running", at)
         return None
 
     def _journal_task(
@@ -169,5 +169,14 @@ class RunJournal:
                 error=error,
                 framework="langgraph",
             )
-            self._run_status[thread_id] = (new_status, checkpoint_id)
+            yield from self._set_status(thread_id, new_status, checkpoint_id)
         return None
+
+    def _set_status(self, run_id: str, status: str, at: str | None) -> Operation[None]:
+        """Remember a run's status once the transaction that wrote it has committed (a
+        failed or retried write must not leave this process believing it was written)."""
+
+        def remember() -> None:
+            self._run_status[run_id] = (status, at)
+
+        yield OnCommit(remember)
