@@ -16,6 +16,7 @@ Storage layout (see docs/savers.md):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -89,8 +90,24 @@ def metadata_terms(metadata: Mapping[str, Any], prefix: tuple[str, ...] = ()) ->
         path = (*prefix, str(key))
         if isinstance(value, Mapping) and value:
             yield from metadata_terms(value, path)
+        elif value is None or type(value) in (str, int, bool, float):
+            yield _path_json(path) + "=" + _scalar_json(value)
+        elif isinstance(value, Mapping):
+            yield _path_json(path) + "={}"
         else:
-            yield json.dumps(path, separators=(",", ":")) + "=" + _canonical(value)
+            yield _path_json(path) + "=" + _canonical(value)
+
+
+# Most terms repeat (source, step, user...): their JSON is made once. typed=True keeps 1
+# and True apart (JSON ``1`` and ``true``); 1 and 1.0 still give the same text.
+@functools.lru_cache(maxsize=1024)
+def _path_json(path: tuple[str, ...]) -> str:
+    return json.dumps(path, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _scalar_json(value: str | int | bool | float | None) -> str:
+    return _canonical(value)
 
 
 class SaverCore(RunJournal, BaseCheckpointSaver[str]):
