@@ -324,9 +324,13 @@ class Codec:
         """Whether payloads are encrypted."""
         return self._aead is not None
 
-    def encode(self, type_: str, data: bytes) -> tuple[str, bytes]:
-        """Compress and encrypt a serialized payload; the tag records what was done."""
-        if len(data) >= self.compress_threshold:
+    def encode(self, type_: str, data: bytes, *, compress: bool = False) -> tuple[str, bytes]:
+        """Compress and encrypt a serialized payload; the tag records what was done.
+
+        Payloads from ``compress_threshold`` bytes up are compressed, smaller ones only
+        when ``compress`` is set (and only if that makes them smaller).
+        """
+        if compress or len(data) >= self.compress_threshold:
             packed = zlib.compress(data, 1)
             if len(packed) < len(data):
                 type_, data = type_ + _COMPRESSED, packed

@@ -584,7 +584,8 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
         stored = await store_secrets(kind, s, thread, secrets)
         await check_secrets_read_back(kind, s, thread, secrets, stored)
 
-    # Every stored payload is encrypted, the large one compressed first.
+    # Every stored payload is encrypted; the large value and the checkpoint (always, it is
+    # mostly zero-padded versions) compressed first.
     types = raw_sql(
         kind,
         sqlite_path,
@@ -592,7 +593,7 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
         "SELECT type, metadata_type FROM agentcheck_checkpoints WHERE thread_id = ?",
         (thread,),
     )
-    assert types == [("msgpack+aes", "msgpack+aes")]
+    assert types == [("msgpack+z+aes", "msgpack+aes")]
     blob_types = raw_sql(
         kind,
         sqlite_path,
