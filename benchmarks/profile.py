@@ -1,0 +1,220 @@
+"""Where agentcheck's time goes: pyinstrument profiles of its saver on the benchmark's
+workloads, and the SQLite pages each saver writes per put.
+
+    python benchmarks/profile.py [--db sqlite,postgres] [--only put,get_tuple,...] [--html DIR]
+
+The profiles are of agentcheck alone (the official savers are timed by run.py). Each
+operation runs on the same data as run.py (the 50-message chat, the 10-node graph) after
+a warm-up, and its profile is printed as text (frames under 1% of the time hidden); with
+``--html DIR`` each is also written as an HTML page. The page count comes from the WAL
+(SQLite's write-ahead log): every page a transaction changes is written there once, and
+a commit's cost grows with them (see benchmarks/README.md, "Profiles").
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import sqlite3
+import struct
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.sqlite import SqliteSaver as OfficialSqliteSaver
+from pyinstrument import Profiler
+
+from agentcheck.backends import sqlite as sqlite_backend
+from agentcheck.savers import SqliteSaver
+
+from data import ChatThread, MessageCorpus, new_checkpoint_id
+from harness import Databases, Db, PostgresServer, Progress, open_official_sqlite
+from workloads import WINDOW, linear_graph
+
+OPS = ("put", "put_writes", "get_tuple", "list", "e2e")
+DBS: tuple[Db, ...] = ("sqlite", "postgres")
+WAL_HEADER, FRAME_HEADER = 32, 24
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--db", default=",".join(DBS), help="sqlite, postgres (default: both)")
+    parser.add_argument("--only", default=",".join(OPS), help=f"some of: {', '.join(OPS)}")
+    parser.add_argument("--html", type=Path, metavar="DIR", help="also write HTML profiles here")
+    args = parser.parse_args(argv)
+    args.dbs = [d.strip() for d in args.db.split(",") if d.strip()]
+    args.ops = [o.strip() for o in args.only.split(",") if o.strip()]
+    bad = [d for d in args.dbs if d not in DBS] + [o for o in args.ops if o not in OPS]
+    if bad or not args.dbs or not args.ops:
+        parser.error(f"unknown: {bad or 'nothing chosen'}; --db from {DBS}, --only from {OPS}")
+    return args
+
+
+def profiled(label: str, fn: Callable[[], object], html: Path | None) -> None:
+    profiler = Profiler(interval=0.0001)
+    profiler.start()
+    fn()
+    profiler.stop()
+    print(f"\n=== {label} ===")
+    print(profiler.output_text(unicode=False, color=False, show_all=False))
+    if html is not None:
+        html.mkdir(parents=True, exist_ok=True)
+        name = label.replace(" ", "_").replace("/", "-").replace(",", "")
+        (html / f"{name}.html").write_text(profiler.output_html())
+
+
+def profile_db(db: Db, databases: Databases, ops: Sequence[str], html: Path | None) -> None:
+    corpus = MessageCorpus()
+    with databases.open("agentcheck", db, "profile") as store:
+        saver = store.saver
+        thread = ChatThread(saver, "chat", corpus, user="u-1", window=WINDOW, initial=WINDOW)
+        for step in range(200):  # warm-up, and a thread to read
+            thread.advance(new_checkpoint_id(step))
+        latest: Any = {"configurable": {"thread_id": "chat", "checkpoint_ns": ""}}
+
+        def puts() -> None:
+            for step in range(200, 700):
+                thread.advance(new_checkpoint_id(step))
+
+        def put_writes() -> None:
+            for r in range(500):
+                writes = [("messages", [corpus.message(100_000 + r)]), ("turn", r)]
+                saver.put_writes(thread.config, writes, f"task-{r}", "~__pregel_pull, agent")
+
+        def gets() -> None:
+            for _ in range(500):
+                saver.get_tuple(latest)
+
+        def lists() -> None:
+            for _ in range(100):
+                list(saver.list(latest, limit=10))
+
+        # LangGraph calls the saver from worker threads, which pyinstrument does not see:
+        # the graph's puts and put_writes are recorded once, then replayed here.
+        calls = record_graph_calls(saver)
+
+        def replays() -> None:
+            for i in range(100):
+                for method, args in calls:
+                    config = copy.deepcopy(args[0])
+                    config["configurable"]["thread_id"] = f"e2e-{i}"
+                    getattr(saver, method)(config, *args[1:])
+
+        runs = {
+            "put": ("500 puts of the 57 KB chat state", puts),
+            "put_writes": ("500 put_writes of 2 writes", put_writes),
+            "get_tuple": ("500 get_tuple of the latest chat checkpoint", gets),
+            "list": ("100 list(limit=10) of the chat thread", lists),
+            "e2e": ("the 10-node graph's 12 puts and 11 put_writes, 100 times", replays),
+        }
+        for op in ops:
+            what, fn = runs[op]
+            profiled(f"{db}: {what}", fn, html)
+
+
+def record_graph_calls(saver: Any) -> list[tuple[str, tuple[Any, ...]]]:
+    """The put and put_writes calls one invoke of the 10-node graph makes, in order."""
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    originals = {name: getattr(saver, name) for name in ("put", "put_writes")}
+
+    def recorder(name: str) -> Callable[..., Any]:
+        def record(*args: Any) -> Any:
+            calls.append((name, copy.deepcopy(args)))
+            return originals[name](*args)
+
+        return record
+
+    for name in originals:
+        setattr(saver, name, recorder(name))
+    try:
+        graph = linear_graph(10).compile(checkpointer=saver)
+        graph.invoke({"count": 0}, {"configurable": {"thread_id": "recorded"}}, durability="sync")
+    finally:
+        for name in originals:
+            delattr(saver, name)
+    return calls
+
+
+def wal_pages(path: Path, work: Callable[[], int]) -> tuple[float, collections.Counter[str]]:
+    """Pages written to the WAL per transaction by ``work`` (which returns how many it
+    ran), and which table or index each belongs to."""
+    conn = sqlite3.connect(str(path))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    count = work()
+    wal = Path(f"{path}-wal").read_bytes()
+    pages = []
+    for offset in range(WAL_HEADER, len(wal) - FRAME_HEADER + 1, FRAME_HEADER + 4096):
+        pages.append(struct.unpack(">I", wal[offset : offset + 4])[0])
+    try:
+        owner = dict(conn.execute("SELECT pageno, name FROM dbstat").fetchall())
+    except sqlite3.OperationalError:  # SQLite built without the dbstat table
+        owner = {}
+    conn.close()
+    return len(pages) / count, collections.Counter(owner.get(p, "?") for p in pages)
+
+
+def page_counts(tmp: Path) -> None:
+    print("\n=== SQLite pages written per transaction (WAL frames of 4 KiB) ===")
+    for impl in ("agentcheck", "official"):
+        _page_counts_of(impl, tmp / f"pages-{impl}.db")
+
+
+def _page_counts_of(impl: str, path: Path) -> None:
+    if impl == "agentcheck":
+        conn = sqlite_backend.connect(str(path))
+        saver: Any = SqliteSaver(conn)
+    else:
+        conn = open_official_sqlite(path)
+        saver = OfficialSqliteSaver(conn)
+    saver.setup()
+    conn.execute("PRAGMA wal_autocheckpoint=0")  # keep every frame in the WAL
+    thread = ChatThread(saver, "chat", MessageCorpus(), user="u-1", window=WINDOW, initial=WINDOW)
+    for step in range(100):
+        thread.advance(new_checkpoint_id(step))
+
+    def chat_puts() -> int:
+        for step in range(100, 400):
+            thread.advance(new_checkpoint_id(step))
+        return 300
+
+    graph = linear_graph(10).compile(checkpointer=saver)
+
+    def invokes() -> int:
+        for i in range(30):
+            config: Any = {"configurable": {"thread_id": f"g{i}"}}
+            graph.invoke({"count": 0}, config, durability="sync")
+        return 30 * 23  # 12 puts and 11 put_writes per invoke
+
+    for label, work in (("chat put", chat_puts), ("10-node graph, per write", invokes)):
+        per, owners = wal_pages(path, work)
+        total = sum(owners.values())
+        top = ", ".join(f"{name} {n / total * per:.1f}" for name, n in owners.most_common(6))
+        print(f"{impl:10s} {label:26s} {per:5.1f} pages   ({top})")
+    conn.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    log = Progress()
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentcheck-prof-")))
+        pg = None
+        if "postgres" in args.dbs:
+            log("starting PostgreSQL")
+            pg = stack.enter_context(PostgresServer())
+        databases = Databases(tmp, pg)
+        for db in args.dbs:
+            log(f"profiling on {db}")
+            profile_db(db, databases, args.ops, args.html)
+        if "sqlite" in args.dbs:
+            log("counting SQLite pages")
+            page_counts(tmp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
