@@ -1,7 +1,7 @@
 """Where agentcheck's time goes: pyinstrument profiles of its saver on the benchmark's
 workloads, and the SQLite pages each saver writes per put.
 
-    python benchmarks/profile.py [--db sqlite,postgres] [--only put,get_tuple,...] [--html DIR]
+    python benchmarks/profile_ops.py [--db sqlite,postgres] [--only put,get_tuple,...] [--html DIR]
 
 The profiles are of agentcheck alone (the official savers are timed by run.py). Each
 operation runs on the same data as run.py (the 50-message chat, the 10-node graph) after
