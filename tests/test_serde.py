@@ -22,6 +22,8 @@ from langchain_core.messages import (
 )
 from langgraph.checkpoint.serde import jsonplus
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.types import Send
+from pydantic import BaseModel
 
 from agentcheck import serde as serde_module
 from agentcheck.serde import SafeSerializer
@@ -134,8 +136,26 @@ FULL_AI: dict[str, Any] = AIMessage("x", id="a").model_dump()
         # content of another type: validation refuses or converts it
         {**FULL_AI, "content": 7},
         {**FULL_AI, "type": "human"},
+        # token details that validation turns into whole numbers
+        {
+            **FULL_AI,
+            "usage_metadata": {
+                "input_tokens": 1,
+                "output_tokens": 1,
+                "total_tokens": 2,
+                "input_token_details": {"cache_read": 2.0},
+            },
+        },
     ],
-    ids=["missing-field", "extra-field", "raw-tool-calls", "untyped-call", "int-content", "type"],
+    ids=[
+        "missing-field",
+        "extra-field",
+        "raw-tool-calls",
+        "untyped-call",
+        "int-content",
+        "type",
+        "float-details",
+    ],
 )
 def test_anything_validation_would_change_takes_langgraph_path(
     kwargs: dict[str, Any], revived: list[Any]
@@ -147,6 +167,25 @@ def test_anything_validation_would_change_takes_langgraph_path(
         assert _state(fast) == _state(slow)
     else:
         assert fast == slow
+
+
+def test_a_message_that_will_not_decode_takes_langgraph_path(revived: list[Any]) -> None:
+    good = ormsgpack.packb((*AI, FULL_AI, "model_validate_json"))
+    broken = ormsgpack.packb(ormsgpack.Ext(jsonplus.EXT_PYDANTIC_V2, good[:40]))
+    fast, slow = _both("msgpack", broken)
+    assert revived == [None]
+    assert fast == slow  # whatever LangGraph makes of it (it gives up quietly)
+
+
+class Point(BaseModel):
+    x: int
+
+
+def test_other_pydantic_objects_go_straight_to_langgraph(revived: list[Any]) -> None:
+    serializer = SafeSerializer(allowed_types=[Point])
+    type_, data = serializer.dumps_typed([Point(x=1), Send("node", {"a": 1})])
+    assert serializer.loads_typed((type_, data)) == [Point(x=1), Send("node", {"a": 1})]
+    assert revived == []  # only messages are looked at
 
 
 def test_tool_message_with_uncoerced_id_takes_langgraph_path(revived: list[Any]) -> None:
@@ -191,3 +230,6 @@ def test_random_messages_read_back_as_validation_gives_them(
     fast, slow = _both(type_, data)
     assert _state(fast) == _state(slow)
     assert fast == message
+    # ... and it was the fast path that built it (validation would change nothing here).
+    ext = ormsgpack.unpackb(data, ext_hook=lambda code, payload: payload)
+    assert serde_module._revive_message(ormsgpack.unpackb(ext)) is not None

@@ -36,6 +36,8 @@ from agentcheck._extras import require
 __all__ = ["Codec", "SafeSerializer", "generate_key"]
 
 _ENV_KEY = "AGENTCHECK_ENCRYPTION_KEY"
+# LangGraph's msgpack options, but refusing lone surrogates instead of writing "?".
+_EXACT_TEXT_OPTION = _jp._option & ~ormsgpack.OPT_REPLACE_SURROGATES
 _COMPRESSED = "+z"
 _ENCRYPTED = "+aes"
 _NONCE_BYTES = 12
@@ -54,12 +56,17 @@ class SafeSerializer(JsonPlusSerializer):
         allowed = list(allowed_types or ())
         super().__init__(pickle_fallback=False, allowed_msgpack_modules=allowed or None)
 
-    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+    def dumps_typed(self, obj: Any, *, exact_text: bool = False) -> tuple[str, bytes]:
+        """Serialize ``obj``; raises :class:`UnsafeTypeError` for a type not on the
+        allowlist. Text that is not valid Unicode (lone surrogates) is stored with ``?``
+        in their place, as LangGraph does, unless ``exact_text`` is set: then it raises
+        ``TypeError`` (the caller can store such data another way)."""
         if obj is None or isinstance(obj, (bytes, bytearray)):
             return super().dumps_typed(obj)
         refused: list[UnsafeTypeError] = []
+        option = _EXACT_TEXT_OPTION if exact_text else _jp._option
         try:
-            return "msgpack", self._pack(obj, refused)
+            return "msgpack", self._pack(obj, refused, option)
         except ormsgpack.MsgpackEncodeError as exc:
             # ormsgpack drops the exception raised by `default`; keep ours by hand.
             if refused:
@@ -87,8 +94,15 @@ class SafeSerializer(JsonPlusSerializer):
             return self._fast_hook[1]
 
         def hook(code: int, payload: bytes) -> Any:
-            if code == _jp.EXT_PYDANTIC_V2:
-                tup = ormsgpack.unpackb(payload, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)
+            # Only what names a message class is decoded here; anything else (and a
+            # message that will not decode) goes to LangGraph's hook untouched.
+            if code == _jp.EXT_PYDANTIC_V2 and _names_a_message(payload):
+                try:
+                    tup = ormsgpack.unpackb(
+                        payload, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS
+                    )
+                except Exception:
+                    tup = None
                 message = _revive_message(tup)
                 if message is not None:
                     return message
@@ -97,32 +111,36 @@ class SafeSerializer(JsonPlusSerializer):
         self._fast_hook = (slow, hook)
         return hook
 
-    def _pack(self, obj: Any, refused: list[UnsafeTypeError]) -> bytes:
+    def _pack(self, obj: Any, refused: list[UnsafeTypeError], option: int) -> bytes:
         def default(value: Any) -> Any:
-            return self._default(value, refused)
+            return self._default(value, refused, option)
 
-        return ormsgpack.packb(obj, default=default, option=_jp._option)
+        return ormsgpack.packb(obj, default=default, option=option)
 
-    def _default(self, obj: Any, refused: list[UnsafeTypeError]) -> Any:
+    def _default(self, obj: Any, refused: list[UnsafeTypeError], option: int) -> Any:
         try:
             self._check_allowed(obj)
         except UnsafeTypeError as exc:
             refused.append(exc)
             raise
         if isinstance(obj, _DeltaSnapshot):  # a NamedTuple, but has its own ext code
-            return ormsgpack.Ext(_jp.EXT_DELTA_SNAPSHOT, self._pack(obj.value, refused))
+            return ormsgpack.Ext(_jp.EXT_DELTA_SNAPSHOT, self._pack(obj.value, refused, option))
         # Containers whose fields langgraph encodes with its own (unchecked) hook are
         # encoded here so that every nested value is checked too.
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
             return ormsgpack.Ext(
                 _jp.EXT_CONSTRUCTOR_KW_ARGS,
-                self._pack((type(obj).__module__, type(obj).__name__, fields), refused),
+                self._pack((type(obj).__module__, type(obj).__name__, fields), refused, option),
             )
         if isinstance(obj, tuple) and callable(getattr(obj, "_asdict", None)):
             return ormsgpack.Ext(
                 _jp.EXT_CONSTRUCTOR_KW_ARGS,
-                self._pack((type(obj).__module__, type(obj).__name__, obj._asdict()), refused),  # type: ignore[attr-defined]
+                self._pack(
+                    (type(obj).__module__, type(obj).__name__, obj._asdict()),  # type: ignore[attr-defined]
+                    refused,
+                    option,
+                ),
             )
         return _jp._msgpack_default(obj)
 
@@ -159,6 +177,7 @@ _MESSAGE_SPECS: dict[tuple[str, str], _MessageSpec] = {}
 _TOOL_CALL_KEYS = frozenset({"name", "args", "id", "type"})
 _INVALID_TOOL_CALL_KEYS = frozenset({"name", "args", "id", "error", "type"})
 _USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
+_USAGE_DETAILS = ("input_token_details", "output_token_details")
 
 
 def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
@@ -178,6 +197,21 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
             spec = _MessageSpec(cls, frozenset(fields), str(fields["type"].default))
             _MESSAGE_SPECS[(cls.__module__, cls.__name__)] = spec
     return _MESSAGE_SPECS
+
+
+# How a stored LangChain message begins: msgpack's array (module, name, fields, method)
+# whose module, a short string, is in langchain_core.messages.
+_MESSAGE_HEAD = b"langchain_core.messages."
+
+
+def _names_a_message(payload: bytes) -> bool:
+    """Whether a stored pydantic object is of a ``langchain_core.messages`` class, read
+    from its first bytes without decoding it."""
+    start = 3 if payload[1:2] == b"\xd9" else 2  # str8 (32+ characters), else fixstr
+    return payload[start : start + len(_MESSAGE_HEAD)] == _MESSAGE_HEAD and payload[:1] in (
+        b"\x93",
+        b"\x94",
+    )
 
 
 def _str_or_none(value: Any) -> bool:
@@ -268,7 +302,16 @@ def _plain_tool_calls(kw: dict[str, Any]) -> bool:
         ):
             return False
     return usage is None or (
-        type(usage) is dict and all(type(usage.get(k)) is int for k in _USAGE_COUNTS)
+        type(usage) is dict
+        and all(type(usage.get(k)) is int for k in _USAGE_COUNTS)
+        and all(_int_details(usage.get(k)) for k in _USAGE_DETAILS)
+    )
+
+
+def _int_details(details: Any) -> bool:
+    """Token details absent, or all whole numbers (validation turns 2.0 into 2)."""
+    return details is None or (
+        type(details) is dict and all(type(v) is int for v in details.values())
     )
 
 

@@ -247,3 +247,23 @@ async def test_a_failed_put_leaves_nothing_to_build_deltas_on(
         for state in states:  # every checkpoint reads back (none built on the failed put)
             n = len(state.values.get("messages", []))
             assert contents(state) == expected(20)[:n]
+
+
+def test_a_delete_while_a_put_is_in_flight_leaves_no_base_behind() -> None:
+    """A put planned before a thread is deleted or pruned, and committed after, must
+    not be remembered as the base of the next delta (its rows may be gone)."""
+    from agentcheck.savers._deltas import ListDeltas
+
+    deltas = ListDeltas()
+    key = ("t", "", "messages")
+    first = [f"m{i}" for i in range(10)]
+    _, remember = deltas.plan(key, "v1", first)
+    assert remember is not None
+    remember()
+    delta, remember = deltas.plan(key, "v2", [*first, "m10"])
+    assert delta is not None and delta.base_version == "v1"
+    deltas.clear_thread("t")  # a delete of the thread, between the plan and the commit
+    assert remember is not None
+    remember()  # the put's commit
+    delta, _ = deltas.plan(key, "v3", [*first, "m10", "m11"])
+    assert delta is None  # stored whole: nothing remembered to build on

@@ -202,15 +202,20 @@ class _UserAbort(Exception):
     pass
 
 
+@pytest.mark.parametrize("autocommit", [False, True], ids=["transactions", "autocommit"])
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 def test_postgres_setup_inside_open_transaction_leaves_the_outcome_to_the_caller(
-    outcome: str, pg_url: str
+    outcome: str, autocommit: bool, pg_url: str
 ) -> None:
+    """Inside the caller's transaction (psycopg's block, on a connection in autocommit or
+    not), agentcheck's writes become part of it: they never commit it, and its rollback
+    takes them back."""
     thread = f"in-tx-{uuid.uuid4()}"
     cp = generate_checkpoint(channel_values={"x": "v"}, channel_versions={"x": 1})
-    with psycopg.connect(pg_url, autocommit=False) as conn:
+    with psycopg.connect(pg_url, autocommit=autocommit) as conn:
         conn.execute("CREATE TABLE user_rows (name TEXT NOT NULL)")
-        conn.commit()
+        if not autocommit:
+            conn.commit()
         try:
             with conn.transaction():
                 conn.execute("INSERT INTO user_rows (name) VALUES ('mine')")

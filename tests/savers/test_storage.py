@@ -152,7 +152,8 @@ async def test_metadata_filter_is_answered_from_an_index(
                 # Planner cost settings do not matter for a 300-row table; forbid the
                 # sequential scan so the plan shows whether an index *can* answer it.
                 await conn.execute("SET enable_seqscan = off")
-                cur = await conn.execute("EXPLAIN " + sql, tuple(query.params))
+                cur = psycopg.AsyncRawCursor(conn)  # the saver's native $n placeholders
+                await cur.execute("EXPLAIN " + sql, tuple(query.params))
                 plan = "\n".join(r[0] for r in await cur.fetchall())
             assert "agentcheck_metadata_terms" in plan
             assert "Seq Scan" not in plan, plan
@@ -173,7 +174,8 @@ def _explain(kind: str, db: dict[str, str], sql: str, params: Sequence[Any]) -> 
     if is_postgres(kind):
         with psycopg.connect(db["pg_url"], autocommit=True) as conn:
             conn.execute("ANALYZE")
-            rows = conn.execute("EXPLAIN " + pg_backend._pg(sql), tuple(params)).fetchall()
+            raw = psycopg.RawCursor(conn)  # the saver's native $n placeholders
+            rows = raw.execute("EXPLAIN " + pg_backend._pg(sql), tuple(params)).fetchall()
         return "\n".join(r[0] for r in rows)
     conn = sqlite3.connect(db["sqlite_path"])
     try:
@@ -238,12 +240,17 @@ def _failing_put(saver: Any, thread_id: str, failure: str) -> Any:
         yield Query(saver.sql.UPSERT_CHECKPOINT, checkpoint_row)
         if failure == "sql":
             yield Query("SELECT no_such_column FROM agentcheck_checkpoints", fetch=True)
+        if failure == "python-after-read":
+            # A read makes PostgreSQL send the held-back upsert first: it is in the
+            # transaction when the Python error comes.
+            rows = yield Query("SELECT COUNT(*) FROM agentcheck_checkpoints", fetch=True)
+            assert rows[0][0] == 1
         raise ValueError("the operation failed after its first statement")
 
     return op
 
 
-@pytest.mark.parametrize("failure", ["sql", "python"])
+@pytest.mark.parametrize("failure", ["sql", "python", "python-after-read"])
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_failed_write_stores_nothing_and_the_saver_goes_on(
     kind: str, saver: Any, failure: str
@@ -257,7 +264,7 @@ async def test_a_failed_write_stores_nothing_and_the_saver_goes_on(
             await saver.arun_op(make_op, write=True)
         else:
             saver.run_op(make_op, write=True)
-    if failure == "python":
+    if failure.startswith("python"):
         assert isinstance(info.value, ValueError)
     else:
         assert "no_such_column" in str(info.value)

@@ -116,6 +116,8 @@ def drive(
             for callback in callbacks:
                 callback()
         return stop.value  # type: ignore[no-any-return]
+    finally:
+        op.close()  # after a failed query: the operation's own cleanup runs now
 
 
 async def adrive(
@@ -143,6 +145,8 @@ async def adrive(
             for callback in callbacks:
                 callback()
         return stop.value  # type: ignore[no-any-return]
+    finally:
+        op.close()
 
 
 def in_list(n: int) -> str:

@@ -59,8 +59,21 @@ def _pool_module() -> Any:
 
 @lru_cache(maxsize=512)
 def _pg(sql: str) -> str:
-    """Our portable ``?`` placeholders in psycopg's ``%s`` style."""
-    return sql.replace("?", "%s")
+    """Our portable ``?`` placeholders as PostgreSQL's own ``$1, $2, ...``.
+
+    Queries run on psycopg's raw cursors (:func:`_cursor`), which pass them on as they
+    are: psycopg's ``%s`` style is parsed in Python at every execution of a long query
+    (the look-up of many keys, say), about 3 us per placeholder.
+    """
+    parts = sql.split("?")
+    return parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))
+
+
+def _cursor(conn: Any) -> Any:
+    """A raw cursor (native placeholders) returning tuples, on a sync or async connection."""
+    psycopg = _psycopg()
+    raw = psycopg.AsyncRawCursor if isinstance(conn, psycopg.AsyncConnection) else psycopg.RawCursor
+    return raw(conn, row_factory=psycopg.rows.tuple_row)
 
 
 def _is_disconnect(exc: BaseException, conn: Any) -> bool:
@@ -95,20 +108,20 @@ class SyncRunner:
                 yield self.conn
 
     def run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
-        tuple_row = _psycopg().rows.tuple_row
         attempts = self.conn.max_size + 1 if self.is_pool else 1
         for attempt in range(attempts):
             conn = None
             try:
                 with self._connection() as conn:
                     # A write is one round trip (see _Statements and _framed).
-                    explicit = write and conn.autocommit
+                    outer = _in_transaction(conn)  # the caller's: its commit decides
+                    explicit = write and conn.autocommit and not outer
                     callbacks: list[Callable[[], None]] = []
                     try:
                         with (
                             _pipeline(conn, write),
-                            _transaction(conn),
-                            conn.cursor(row_factory=tuple_row) as cur,
+                            _transaction(conn, write, explicit),
+                            _cursor(conn) as cur,
                         ):
                             statements = _Statements(conn, cur)
                             result = drive(
@@ -123,8 +136,9 @@ class SyncRunner:
                             with contextlib.suppress(Exception):
                                 conn.execute("ROLLBACK")
                         raise
-                for callback in callbacks:
-                    callback()
+                if not outer:  # inside the caller's transaction nothing is known stored yet
+                    for callback in callbacks:
+                        callback()
                 return result
             except Exception as exc:
                 if not _is_disconnect(exc, conn):
@@ -158,19 +172,19 @@ class AsyncRunner:
                 yield self.conn
 
     async def run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
-        tuple_row = _psycopg().rows.tuple_row
         attempts = self.conn.max_size + 1 if self.is_pool else 1
         for attempt in range(attempts):
             conn = None
             try:
                 async with self._connection() as conn:
-                    explicit = write and conn.autocommit
+                    outer = _in_transaction(conn)  # the caller's: its commit decides
+                    explicit = write and conn.autocommit and not outer
                     callbacks: list[Callable[[], None]] = []
                     try:
                         async with (
                             _pipeline(conn, write),
-                            _transaction(conn),
-                            conn.cursor(row_factory=tuple_row) as cur,
+                            _transaction(conn, write, explicit),
+                            _cursor(conn) as cur,
                         ):
                             statements = _AsyncStatements(conn, cur)
                             result = await adrive(
@@ -185,8 +199,9 @@ class AsyncRunner:
                             with contextlib.suppress(Exception):
                                 await conn.execute("ROLLBACK")
                         raise
-                for callback in callbacks:
-                    callback()
+                if not outer:  # inside the caller's transaction nothing is known stored yet
+                    for callback in callbacks:
+                        callback()
                 return result
             except Exception as exc:
                 if not _is_disconnect(exc, conn):
@@ -206,12 +221,15 @@ def _pipeline(conn: Any, write: bool) -> Any:
     return conn.pipeline() if write else contextlib.nullcontext()
 
 
-def _transaction(conn: Any) -> Any:
-    """psycopg's transaction block, on a connection not in autocommit (else psycopg would
-    leave one open). On an autocommit connection a write is framed by :func:`_framed`
-    instead, and a read needs none: under READ COMMITTED each statement sees its own
-    snapshot anyway. (``nullcontext`` works with ``with`` and ``async with`` alike.)"""
-    return contextlib.nullcontext() if conn.autocommit else conn.transaction()
+def _transaction(conn: Any, write: bool, explicit: bool) -> Any:
+    """psycopg's transaction block (a savepoint inside the caller's transaction), except
+    for a write framed by :func:`_framed` and for a read on an autocommit connection,
+    which needs none: under READ COMMITTED each statement sees its own snapshot anyway.
+    (Without a block psycopg would leave a transaction open on a connection not in
+    autocommit. ``nullcontext`` works with ``with`` and ``async with`` alike.)"""
+    if explicit or (conn.autocommit and not write):
+        return contextlib.nullcontext()
+    return conn.transaction()
 
 
 def _framed(make_op: Callable[[], Operation[T]], explicit: bool) -> Operation[T]:
@@ -229,7 +247,7 @@ def _framed(make_op: Callable[[], Operation[T]], explicit: bool) -> Operation[T]
 
 
 def _in_transaction(conn: Any) -> bool:
-    """Whether an error left the connection inside a transaction we opened."""
+    """Whether the connection is inside a transaction (or one that failed)."""
     status = _psycopg().pq.TransactionStatus
     return not conn.closed and conn.info.transaction_status in (status.INTRANS, status.INERROR)
 
@@ -266,7 +284,7 @@ class _Statements:
         # In pipeline mode a cursor's fetchall() may still hold an earlier statement's
         # result: a statement whose rows we read gets a cursor of its own. Rows come in
         # binary format: text format sends each stored value hex-encoded, twice its size.
-        with self.conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
+        with _cursor(self.conn) as own:
             own.execute(_pg(query.sql), tuple(query.params), binary=True)
             return own.fetchall()  # type: ignore[no-any-return]
 
@@ -275,11 +293,8 @@ class _Statements:
         round trip (pipeline mode: entered here for reads, nested in a write's own;
         leaving the block syncs)."""
         held, self.held = self.held, []
-        tuple_row = _psycopg().rows.tuple_row
         with contextlib.ExitStack() as stack:
-            cursors = [
-                stack.enter_context(self.conn.cursor(row_factory=tuple_row)) for _ in queries
-            ]
+            cursors = [stack.enter_context(_cursor(self.conn)) for _ in queries]
             with self.conn.pipeline():
                 for query in held:
                     _send(self.cur, query)
@@ -315,18 +330,14 @@ class _AsyncStatements:
             self.held.append(query)
             return []
         await self.flush()
-        async with self.conn.cursor(row_factory=_psycopg().rows.tuple_row) as own:
+        async with _cursor(self.conn) as own:
             await own.execute(_pg(query.sql), tuple(query.params), binary=True)
             return await own.fetchall()  # type: ignore[no-any-return]
 
     async def execute_batch(self, queries: Sequence[Query]) -> list[Rows]:
         held, self.held = self.held, []
-        tuple_row = _psycopg().rows.tuple_row
         async with contextlib.AsyncExitStack() as stack:
-            cursors = [
-                await stack.enter_async_context(self.conn.cursor(row_factory=tuple_row))
-                for _ in queries
-            ]
+            cursors = [await stack.enter_async_context(_cursor(self.conn)) for _ in queries]
             async with self.conn.pipeline():
                 for query in held:
                     await _send(self.cur, query)

@@ -84,8 +84,9 @@ def run(conn: sqlite3.Connection, make_op: Callable[[], Operation[T]], write: bo
 
     Writers take the write lock up front (``BEGIN IMMEDIATE``) so that two processes
     never deadlock upgrading read locks. Inside a transaction the caller already opened,
-    a savepoint is used and the caller's commit decides (the callbacks then run once the
-    savepoint is released).
+    a savepoint is used and the caller's commit decides; the callbacks are then dropped,
+    since nothing is known to be stored (the saver only forgoes what they would have
+    remembered: the next version of a list is stored whole, not as a delta).
     """
     nested = conn.in_transaction
     conn.execute("SAVEPOINT agentcheck" if nested else ("BEGIN IMMEDIATE" if write else "BEGIN"))
@@ -100,8 +101,9 @@ def run(conn: sqlite3.Connection, make_op: Callable[[], Operation[T]], write: bo
         elif conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    for callback in callbacks:
-        callback()
+    if not nested:
+        for callback in callbacks:
+            callback()
     return result
 
 

@@ -55,6 +55,7 @@ __all__ = ["SaverCore"]
 _EMPTY = "empty"
 _COMMON_KEYS = ('["source"]=', '["step"]=', '["parents"')  # terms shared by many rows
 _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
+_CACHED_TEXT = 64  # metadata keys and values up to this long have their JSON cached
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 
 
@@ -90,16 +91,23 @@ def metadata_terms(metadata: Mapping[str, Any], prefix: tuple[str, ...] = ()) ->
         path = (*prefix, str(key))
         if isinstance(value, Mapping) and value:
             yield from metadata_terms(value, path)
-        elif value is None or type(value) in (str, int, bool, float):
-            yield _path_json(path) + "=" + _scalar_json(value)
-        elif isinstance(value, Mapping):
+        elif sum(map(len, path)) > _CACHED_TEXT:
+            yield json.dumps(path, separators=(",", ":")) + "=" + _canonical(value)
+        elif isinstance(value, Mapping):  # empty
             yield _path_json(path) + "={}"
+        elif (
+            value is None
+            or type(value) in (int, bool, float)
+            or (type(value) is str and len(value) <= _CACHED_TEXT)
+        ):
+            yield _path_json(path) + "=" + _scalar_json(value)
         else:
             yield _path_json(path) + "=" + _canonical(value)
 
 
 # Most terms repeat (source, step, user...): their JSON is made once. typed=True keeps 1
-# and True apart (JSON ``1`` and ``true``); 1 and 1.0 still give the same text.
+# and True apart (JSON ``1`` and ``true``); 1 and 1.0 still give the same text. Only
+# short strings are kept: metadata text stays out of a process-wide cache.
 @functools.lru_cache(maxsize=1024)
 def _path_json(path: tuple[str, ...]) -> str:
     return json.dumps(path, separators=(",", ":"))
@@ -241,10 +249,15 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         cp_type, cp_data = self.codec.encode(*self.serde.dumps_typed(rest), compress=True)
         meta = get_serializable_checkpoint_metadata(config, metadata)
         try:
-            meta_type, meta_data = self._dump(meta)
+            if isinstance(self.serde, SafeSerializer):
+                meta_type, meta_data = self.codec.encode(
+                    *self.serde.dumps_typed(meta, exact_text=True)
+                )
+            else:
+                meta_type, meta_data = self._dump(meta)
         except TypeError:
-            # msgpack refuses text that is not valid Unicode (lone surrogates); JSON
-            # escapes it and gives it back unchanged.
+            # Text that is not valid Unicode (lone surrogates, which filters may name):
+            # msgpack would store "?" for them; JSON escapes them and gives them back.
             text = json.dumps(meta, default=repr).encode()
             meta_type, meta_data = self.codec.encode("json", text)
         run_id = meta.get("run_id")

@@ -103,6 +103,11 @@ class ListDeltas:
         self.size = size
         self._latest: OrderedDict[tuple[str, str, str], _Latest] = OrderedDict()
         self._chains: OrderedDict[tuple[str, str, str, str], tuple[str, ...]] = OrderedDict()
+        # Counts the threads cleared: a put planned before a concurrent delete or prune
+        # (and committed after it) must not leave a base behind whose rows may be gone.
+        # One counter for all threads (bounded memory): a clear only costs the puts in
+        # flight a snapshot instead of a delta next time.
+        self._clears = 0
         self._lock = threading.Lock()
 
     def plan(
@@ -115,6 +120,7 @@ class ListDeltas:
             return None, None
         with self._lock:
             latest = self._latest.get(key)
+            clears = self._clears
         items = list(value)
         chain: tuple[str, ...] = ()
         delta = None
@@ -132,6 +138,8 @@ class ListDeltas:
 
         def remember() -> None:
             with self._lock:
+                if self._clears != clears:
+                    return  # a thread was deleted or pruned meanwhile
                 self._latest[key] = _Latest(version, items, chain)
                 self._latest.move_to_end(key)
                 while len(self._latest) > self.size:
@@ -146,6 +154,7 @@ class ListDeltas:
     def clear_thread(self, thread_id: str) -> None:
         """Forget everything of a thread (deleted or pruned: its rows may be gone)."""
         with self._lock:
+            self._clears += 1
             for key in [k for k in self._latest if k[0] == thread_id]:
                 del self._latest[key]
             for ckey in [k for k in self._chains if k[0] == thread_id]:
