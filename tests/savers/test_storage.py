@@ -338,3 +338,47 @@ async def test_a_batch_of_queries_answers_each_in_order(kind: str, saver: Any, w
     expected = [[("b",)], [], [("a",)]] if write else [[("b",)], [("a",)]]
     assert [list(map(tuple, rows)) for rows in answers] == expected
     assert after == ([] if write else [("b",)])
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_a_filter_is_driven_from_its_rarest_term(kind: str, saver: Any) -> None:
+    """With several terms, a filtered list walks the rarest one. On PostgreSQL the
+    common terms are ranked from its statistics, without counting their rows; the
+    others (and every term on SQLite) are counted."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    for i in range(400):
+        config: Any = {"configurable": {"thread_id": f"t{i % 20}", "checkpoint_ns": ""}}
+        metadata = {"kind": "common", "step": i, "ref": f"r{i}"}
+        saver.put(config, generate_checkpoint(), metadata, {})
+    if is_postgres(kind):
+        with saver.conn.connection() as conn:
+            conn.execute("ANALYZE agentcheck_metadata_terms")
+        saver._term_stats = None  # as if a minute had passed
+
+    def planned(flt: dict[str, Any]) -> tuple[list[Query], list[Any]]:
+        queries: list[Query] = []
+
+        def answer(query: Query) -> Any:
+            queries.append(query)
+            return saver.run_op(lambda: _replay(query), write=False)
+
+        found = drive(saver._list(None, flt, None, 5), answer)
+        return queries, found
+
+    queries, found = planned({"kind": "common", "step": 7})
+    assert [t.metadata["step"] for t in found] == [7]
+    counted = [q for q in queries if "COUNT(*)" in q.sql]
+    listed = next(q for q in queries if "t0.term" in q.sql)
+    assert listed.params[0] == saver._term('["step"]=7')  # driven from the rare term
+    if is_postgres(kind):
+        assert counted == []  # "kind" is among the most common values: not counted
+    else:
+        assert len(counted) == 1
+
+    queries, found = planned({"kind": "common", "step": 9, "ref": "r9"})
+    assert [t.metadata["step"] for t in found] == [9]
+    counted = [q for q in queries if "COUNT(*)" in q.sql]
+    assert len(counted) == 1  # the uncommon terms are counted against each other
+    kind_term = saver._term('["kind"]="common"')
+    assert (kind_term in counted[0].params) == (not is_postgres(kind))

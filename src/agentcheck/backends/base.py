@@ -230,6 +230,9 @@ class SQL:
         "(SELECT COUNT(*) FROM (SELECT 1 FROM agentcheck_metadata_terms "
         "WHERE term = ? LIMIT 2000) AS n)"
     )
+    # The most common terms and their frequencies, where the database keeps such
+    # statistics: one row (values, frequencies), or none.
+    TERM_STATS: str | None = None
     LIST_TERM = (
         "EXISTS (SELECT 1 FROM agentcheck_metadata_terms t WHERE t.term = ? "
         "AND t.thread_id = t0.thread_id AND t.checkpoint_ns = t0.checkpoint_ns "

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ __all__ = ["SaverCore"]
 _EMPTY = "empty"
 _COMMON_KEYS = ('["source"]=', '["step"]=', '["parents"')  # terms shared by many rows
 _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
+_TERM_STATS_TTL = 60.0  # seconds a saver keeps the database's statistics of terms
 _CACHED_TEXT = 64  # metadata keys and values up to this long have their JSON cached
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 
@@ -347,17 +349,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         params: list[Any] = []
         terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
         if len(terms) > 1:
-            counts = yield Query(
-                "SELECT " + ", ".join([self.sql.TERM_COUNT] * len(terms)), terms, fetch=True
-            )
-            # Ties (both past the count's cap): LangGraph's own keys with few values last.
-            terms = [
-                t
-                for _, _, t in sorted(
-                    (n, t.startswith(_COMMON_KEYS), t)
-                    for n, t in zip(counts[0], terms, strict=True)
-                )
-            ]
+            terms = yield from self._rarest_first(terms)
         # With a filter, the matching keys are found in the terms index alone (driven
         # from the rarest term, in checkpoint order, stopping at the limit), then their
         # checkpoints are read; without one, the checkpoints table is walked.
@@ -395,6 +387,47 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if not rows:
             return []
         return (yield from self._assemble(rows))
+
+    _term_stats: tuple[float, dict[str, float]] | None = None
+
+    def _rarest_first(self, terms: list[str]) -> Operation[list[str]]:
+        """A filter's terms, the rarest first (the list is driven from it).
+
+        Where the database keeps statistics (PostgreSQL: the column's most common values
+        and their frequencies, refreshed by autovacuum, read at most once a minute), a
+        common term is ranked by its frequency, without counting its rows: a count
+        visits each index entry, and its table row too until the table is vacuumed.
+        The other terms are rarer than any common one; when several are left they are
+        counted, up to 2,000 (an index range scan).
+        """
+        frequency: dict[str, float] = {}
+        if self.sql.TERM_STATS:
+            now = time.monotonic()
+            cached = self._term_stats
+            if cached is None or now - cached[0] > _TERM_STATS_TTL:
+                rows = yield Query(self.sql.TERM_STATS, fetch=True)
+                values, freqs = rows[0] if rows else (None, None)
+                cached = (now, dict(zip(values or (), freqs or (), strict=False)))
+                self._term_stats = cached
+            frequency = {t: cached[1][t] for t in terms if t in cached[1]}
+        rare = [t for t in terms if t not in frequency]
+        counts: dict[str, int] = {}
+        if len(rare) > 1:
+            rows = yield Query(
+                "SELECT " + ", ".join([self.sql.TERM_COUNT] * len(rare)), rare, fetch=True
+            )
+            counts = dict(zip(rare, rows[0], strict=True))
+        # Ties (both past the count's cap): LangGraph's own keys with few values last.
+        return sorted(
+            terms,
+            key=lambda t: (
+                t in frequency,
+                frequency.get(t, 0.0),
+                counts.get(t, 0),
+                t.startswith(_COMMON_KEYS),
+                t,
+            ),
+        )
 
     def _assemble(self, rows: Rows) -> Operation[list[CheckpointTuple]]:
         """Turn checkpoint rows into tuples, fetching their values and pending writes.
