@@ -206,11 +206,12 @@ _MESSAGE_HEAD = b"langchain_core.messages."
 
 def _names_a_message(payload: bytes) -> bool:
     """Whether a stored pydantic object is of a ``langchain_core.messages`` class, read
-    from its first bytes without decoding it."""
-    start = 3 if payload[1:2] == b"\xd9" else 2  # str8 (32+ characters), else fixstr
-    return payload[start : start + len(_MESSAGE_HEAD)] == _MESSAGE_HEAD and payload[:1] in (
-        b"\x93",
-        b"\x94",
+    from its first bytes without decoding it (the module name is a fixstr, or a str8
+    from 32 characters on)."""
+    return (
+        len(payload) > 3
+        and payload[0] in (0x93, 0x94)
+        and (payload.startswith(_MESSAGE_HEAD, 2) or payload.startswith(_MESSAGE_HEAD, 3))
     )
 
 
