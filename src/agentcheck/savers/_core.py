@@ -1,8 +1,10 @@
-"""The savers' logic, free of I/O, shared by all four savers.
+"""The savers' logic, free of I/O, shared by all four savers: encoding, put, put_writes
+and the reads. (Deletion and retention: ``_retention.py``; list deltas: ``_deltas.py``;
+metadata index terms: ``_terms.py``; the journal of graph runs: ``_runs.py``.)
 
-Each public checkpoint operation is written once here as an *operation*: a generator
-that yields :class:`~agentcheck.backends.base.Query` objects and receives rows back
-(see :mod:`agentcheck.backends.base`). The sync and async savers only drive them.
+Each public checkpoint operation is written once as an *operation*: a generator that
+yields :class:`~agentcheck.backends.base.Query` objects and receives rows back (see
+:mod:`agentcheck.backends.base`). The sync and async savers only drive them.
 
 Storage layout (see docs/savers.md):
 
@@ -16,7 +18,6 @@ Storage layout (see docs/savers.md):
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import random
@@ -47,6 +48,7 @@ from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batc
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import RunJournal
+from agentcheck.savers._terms import metadata_terms
 from agentcheck.serde import Codec, SafeSerializer
 
 __all__ = ["SaverCore"]
@@ -57,7 +59,6 @@ _EMPTY = "empty"
 _COMMON_KEYS = ('["source"]=', '["step"]=', '["parents"')  # terms shared by many rows
 _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
 _TERM_STATS_TTL = 60.0  # seconds a saver keeps the database's statistics of terms
-_CACHED_TEXT = 64  # metadata keys and values up to this long have their JSON cached
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 
 
@@ -74,50 +75,6 @@ class _Header:
     shift: int
     tail_type: str
     tail: bytes
-
-
-def _canonical(value: Any) -> str:
-    """JSON text of a metadata value, the same for equal values (1 and 1.0 alike)."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
-
-
-def metadata_terms(metadata: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterable[str]:
-    """Index terms of a metadata mapping: one per leaf ``path=value``.
-
-    Nested mappings are walked, so a filter on a partial nested mapping matches the
-    way PostgreSQL's ``@>`` containment does; any other value matches by equality.
-    """
-    for key, value in metadata.items():
-        path = (*prefix, str(key))
-        if isinstance(value, Mapping) and value:
-            yield from metadata_terms(value, path)
-        elif sum(map(len, path)) > _CACHED_TEXT:
-            yield json.dumps(path, separators=(",", ":")) + "=" + _canonical(value)
-        elif isinstance(value, Mapping):  # empty
-            yield _path_json(path) + "={}"
-        elif (
-            value is None
-            or type(value) in (int, bool, float)
-            or (type(value) is str and len(value) <= _CACHED_TEXT)
-        ):
-            yield _path_json(path) + "=" + _scalar_json(value)
-        else:
-            yield _path_json(path) + "=" + _canonical(value)
-
-
-# Most terms repeat (source, step, user...): their JSON is made once. typed=True keeps 1
-# and True apart (JSON ``1`` and ``true``); 1 and 1.0 still give the same text. Only
-# short strings are kept: metadata text stays out of a process-wide cache.
-@functools.lru_cache(maxsize=1024)
-def _path_json(path: tuple[str, ...]) -> str:
-    return json.dumps(path, separators=(",", ":"))
-
-
-@functools.lru_cache(maxsize=4096, typed=True)
-def _scalar_json(value: str | int | bool | float | None) -> str:
-    return _canonical(value)
 
 
 class SaverCore(RunJournal, BaseCheckpointSaver[str]):
@@ -682,109 +639,3 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             ordered = sorted(collected[ch], key=lambda item: (-item[0], item[1]))
             result[ch]["writes"] = [w for _, _, w in ordered]
         return result
-
-    # -- deletion and retention -------------------------------------------------------
-
-    def _delete_thread(self, thread_id: str) -> Operation[None]:
-        self.list_deltas.clear_thread(str(thread_id))
-        for statement in self.sql.DELETE_THREAD:
-            yield Query(statement, (str(thread_id),))
-        return None
-
-    def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:
-        terms = [self._term(str(r)) for r in run_ids]
-        doomed: list[tuple[str, str, str]] = []
-        for chunk in _chunks(terms):
-            rows = yield Query(
-                self.sql.SELECT_RUN_CHECKPOINTS.format(runs=in_list(len(chunk))),
-                tuple(chunk),
-                fetch=True,
-            )
-            doomed.extend((r[0], r[1], r[2]) for r in rows)
-        if not doomed:
-            return None
-        for statement in self.sql.DELETE_CHECKPOINT:
-            yield Query(statement, doomed, many=True)
-        for thread_id in {t for t, _, _ in doomed}:
-            self.list_deltas.clear_thread(thread_id)
-        for thread_ns in sorted({(t, ns) for t, ns, _ in doomed}):
-            yield from self._collect_garbage(*thread_ns)
-        return None
-
-    def _collect_garbage(self, thread_id: str, ns: str) -> Operation[None]:
-        """Delete stored values no remaining checkpoint of (thread, namespace) refers to,
-        keeping the snapshots that referenced deltas are built on, and each channel's
-        newest snapshot (a writer may still be making deltas of it)."""
-        rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
-        referenced: set[tuple[str, str]] = set()
-        for cid, _parent, cp_type, cp_data, _mt, _md in rows:
-            rest = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid))
-            referenced.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
-            for ch, chain in (rest.get(BASES_KEY) or {}).items():
-                referenced.update((ch, str(v)) for v in chain)
-        blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
-        deltas = [(ch, v) for ch, v, type_ in blob_rows if type_.startswith(DELTA)]
-        needed = [pair for pair in deltas if pair in referenced]
-        if needed:
-            found = yield from self._fetch_blobs(thread_id, ns, needed)
-            referenced.update(found)  # with the snapshots the deltas need
-        newest: dict[str, str] = {}
-        for ch, v, type_ in blob_rows:
-            if type_ != _EMPTY and not type_.startswith(DELTA) and v > newest.get(ch, ""):
-                newest[ch] = v
-        referenced.update(newest.items())
-        unused = [(thread_id, ns, ch, v) for ch, v, _type in blob_rows if (ch, v) not in referenced]
-        if unused:
-            yield Query(self.sql.DELETE_BLOB, unused, many=True)
-        return None
-
-    def _copy_thread(self, source_thread_id: str, target_thread_id: str) -> Operation[None]:
-        for statement in self.sql.COPY_THREAD:
-            yield Query(statement, (str(target_thread_id), str(source_thread_id)))
-        return None
-
-    def _prune(self, thread_ids: Sequence[str], strategy: str) -> Operation[None]:
-        if strategy == "delete":
-            for thread_id in thread_ids:
-                yield from self._delete_thread(thread_id)
-            return None
-        if strategy != "keep_latest":
-            raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
-        for thread_id in map(str, thread_ids):
-            self.list_deltas.clear_thread(thread_id)
-            ns_rows = yield Query(self.sql.SELECT_THREAD_NAMESPACES, (thread_id,), fetch=True)
-            for (ns,) in ns_rows:
-                yield from self._keep_latest(thread_id, ns)
-        return None
-
-    def _keep_latest(self, thread_id: str, ns: str) -> Operation[None]:
-        """Keep the newest checkpoint of a namespace, plus, for each DeltaChannel it
-        uses, the ancestors back to the one holding that channel's stored seed (without
-        them the channel would silently rebuild as empty)."""
-        rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
-        if len(rows) <= 1:
-            return None
-        by_id = {r[0]: r for r in rows}
-        latest = rows[0]
-        keep = {latest[0]}
-        meta = self._load(latest[4], latest[5], "the metadata", (thread_id, ns, latest[0]))
-        delta_channels = set((meta or {}).get("counters_since_delta_snapshot") or {})
-        if delta_channels:
-            blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
-            stored = {(ch, v) for ch, v, type_ in blob_rows if type_ != _EMPTY}
-            missing = set(delta_channels)
-            cursor: tuple[Any, ...] | None = latest
-            while cursor is not None and missing:
-                keep.add(cursor[0])
-                rest = self._load(
-                    cursor[2], cursor[3], "the checkpoint", (thread_id, ns, cursor[0])
-                )
-                versions = rest.get("channel_versions", {})
-                missing = {ch for ch in missing if (ch, str(versions.get(ch))) not in stored}
-                cursor = by_id.get(cursor[1]) if cursor[1] else None
-        doomed = [(thread_id, ns, cid) for cid in by_id if cid not in keep]
-        if doomed:
-            for statement in self.sql.DELETE_CHECKPOINT:
-                yield Query(statement, doomed, many=True)
-            yield from self._collect_garbage(thread_id, ns)
-        return None

@@ -25,7 +25,7 @@ from langgraph.checkpoint.base import (
 )
 
 from agentcheck.backends.base import Operation, migrate
-from agentcheck.savers._core import SaverCore
+from agentcheck.savers._retention import RetentionCore
 
 __all__ = ["AsyncSaver", "SyncSaver"]
 
@@ -37,7 +37,7 @@ def _stripe(thread_id: Any) -> int:
     return hash(str(thread_id)) % _STRIPES
 
 
-class SyncSaver(SaverCore):
+class SyncSaver(RetentionCore):
     """Base of the sync savers (:class:`SqliteSaver`, :class:`PostgresSaver`)."""
 
     migrations: tuple[tuple[str, ...], ...] = ()
@@ -185,7 +185,7 @@ class SyncSaver(SaverCore):
         )
 
 
-class AsyncSaver(SaverCore):
+class AsyncSaver(RetentionCore):
     """Base of the async savers (:class:`AsyncSqliteSaver`, :class:`AsyncPostgresSaver`)."""
 
     migrations: tuple[tuple[str, ...], ...] = ()

@@ -1,0 +1,127 @@
+"""Deletion and retention: delete a thread or the checkpoints of runs, prune, copy a
+thread, and collect the stored values no checkpoint refers to any more.
+
+A layer over :class:`~agentcheck.savers._core.SaverCore`, free of I/O like it: each method
+is an operation (see :mod:`agentcheck.backends.base`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agentcheck.backends.base import Operation, Query, in_list
+from agentcheck.savers._core import _EMPTY, SaverCore, _chunks
+from agentcheck.savers._deltas import BASES_KEY, DELTA
+
+__all__ = ["RetentionCore"]
+
+
+class RetentionCore(SaverCore):
+    """:class:`SaverCore` with the operations that remove or copy what is stored."""
+
+    # -- deletion and retention -------------------------------------------------------
+
+    def _delete_thread(self, thread_id: str) -> Operation[None]:
+        self.list_deltas.clear_thread(str(thread_id))
+        for statement in self.sql.DELETE_THREAD:
+            yield Query(statement, (str(thread_id),))
+        return None
+
+    def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:
+        terms = [self._term(str(r)) for r in run_ids]
+        doomed: list[tuple[str, str, str]] = []
+        for chunk in _chunks(terms):
+            rows = yield Query(
+                self.sql.SELECT_RUN_CHECKPOINTS.format(runs=in_list(len(chunk))),
+                tuple(chunk),
+                fetch=True,
+            )
+            doomed.extend((r[0], r[1], r[2]) for r in rows)
+        if not doomed:
+            return None
+        for statement in self.sql.DELETE_CHECKPOINT:
+            yield Query(statement, doomed, many=True)
+        for thread_id in {t for t, _, _ in doomed}:
+            self.list_deltas.clear_thread(thread_id)
+        for thread_ns in sorted({(t, ns) for t, ns, _ in doomed}):
+            yield from self._collect_garbage(*thread_ns)
+        return None
+
+    def _collect_garbage(self, thread_id: str, ns: str) -> Operation[None]:
+        """Delete stored values no remaining checkpoint of (thread, namespace) refers to,
+        keeping the snapshots that referenced deltas are built on, and each channel's
+        newest snapshot (a writer may still be making deltas of it)."""
+        rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
+        referenced: set[tuple[str, str]] = set()
+        for cid, _parent, cp_type, cp_data, _mt, _md in rows:
+            rest = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid))
+            referenced.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
+            for ch, chain in (rest.get(BASES_KEY) or {}).items():
+                referenced.update((ch, str(v)) for v in chain)
+        blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
+        deltas = [(ch, v) for ch, v, type_ in blob_rows if type_.startswith(DELTA)]
+        needed = [pair for pair in deltas if pair in referenced]
+        if needed:
+            found = yield from self._fetch_blobs(thread_id, ns, needed)
+            referenced.update(found)  # with the snapshots the deltas need
+        newest: dict[str, str] = {}
+        for ch, v, type_ in blob_rows:
+            if type_ != _EMPTY and not type_.startswith(DELTA) and v > newest.get(ch, ""):
+                newest[ch] = v
+        referenced.update(newest.items())
+        unused = [(thread_id, ns, ch, v) for ch, v, _type in blob_rows if (ch, v) not in referenced]
+        if unused:
+            yield Query(self.sql.DELETE_BLOB, unused, many=True)
+        return None
+
+    def _copy_thread(self, source_thread_id: str, target_thread_id: str) -> Operation[None]:
+        for statement in self.sql.COPY_THREAD:
+            yield Query(statement, (str(target_thread_id), str(source_thread_id)))
+        return None
+
+    def _prune(self, thread_ids: Sequence[str], strategy: str) -> Operation[None]:
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                yield from self._delete_thread(thread_id)
+            return None
+        if strategy != "keep_latest":
+            raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
+        for thread_id in map(str, thread_ids):
+            self.list_deltas.clear_thread(thread_id)
+            ns_rows = yield Query(self.sql.SELECT_THREAD_NAMESPACES, (thread_id,), fetch=True)
+            for (ns,) in ns_rows:
+                yield from self._keep_latest(thread_id, ns)
+        return None
+
+    def _keep_latest(self, thread_id: str, ns: str) -> Operation[None]:
+        """Keep the newest checkpoint of a namespace, plus, for each DeltaChannel it
+        uses, the ancestors back to the one holding that channel's stored seed (without
+        them the channel would silently rebuild as empty)."""
+        rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
+        if len(rows) <= 1:
+            return None
+        by_id = {r[0]: r for r in rows}
+        latest = rows[0]
+        keep = {latest[0]}
+        meta = self._load(latest[4], latest[5], "the metadata", (thread_id, ns, latest[0]))
+        delta_channels = set((meta or {}).get("counters_since_delta_snapshot") or {})
+        if delta_channels:
+            blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
+            stored = {(ch, v) for ch, v, type_ in blob_rows if type_ != _EMPTY}
+            missing = set(delta_channels)
+            cursor: tuple[Any, ...] | None = latest
+            while cursor is not None and missing:
+                keep.add(cursor[0])
+                rest = self._load(
+                    cursor[2], cursor[3], "the checkpoint", (thread_id, ns, cursor[0])
+                )
+                versions = rest.get("channel_versions", {})
+                missing = {ch for ch in missing if (ch, str(versions.get(ch))) not in stored}
+                cursor = by_id.get(cursor[1]) if cursor[1] else None
+        doomed = [(thread_id, ns, cid) for cid in by_id if cid not in keep]
+        if doomed:
+            for statement in self.sql.DELETE_CHECKPOINT:
+                yield Query(statement, doomed, many=True)
+            yield from self._collect_garbage(thread_id, ns)
+        return None
