@@ -223,7 +223,8 @@ async def test_pickle_row_is_never_unpickled(
     marker = tmp_path / f"pwned-{kind}-{target}"
     thread = f"pickle-{uuid.uuid4()}"
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
-        cp = checkpoint_with({"x": "harmless"}, {"x": 1})
+        # (a list: small plain values are kept inside the checkpoint row, not in blobs)
+        cp = checkpoint_with({"x": ["harmless"]}, {"x": 1})
         cfg = await call(kind, saver, "put", generate_config(thread), cp, {}, {"x": 1})
         await call(kind, saver, "put_writes", cfg, [("w", "harmless")], "task")
         assert (await call(kind, saver, "get_tuple", cfg)) is not None
@@ -258,7 +259,8 @@ async def test_msgpack_naming_an_unlisted_callable_does_not_call_it(
     )
     thread = f"msgpack-{uuid.uuid4()}"
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
-        cp = checkpoint_with({"x": "harmless"}, {"x": 1})
+        # (a list: small plain values are kept inside the checkpoint row, not in blobs)
+        cp = checkpoint_with({"x": ["harmless"]}, {"x": 1})
         cfg = await call(kind, saver, "put", generate_config(thread), cp, {}, {"x": 1})
         raw_sql(
             kind,
@@ -300,7 +302,8 @@ async def test_corrupt_row_raises_corrupt_data_error_and_other_threads_stay_read
         configs = {}
         checkpoints = {}
         for thread in (broken_thread, healthy_thread):
-            cp = checkpoint_with({"x": f"value of {thread}"}, {"x": 1})
+            # (a list: small plain values are kept inside the checkpoint row, not in blobs)
+            cp = checkpoint_with({"x": [f"value of {thread}"]}, {"x": 1})
             cfg = await call(
                 kind, saver, "put", generate_config(thread), cp, {"owner": thread}, {"x": 1}
             )
@@ -325,12 +328,12 @@ async def test_corrupt_row_raises_corrupt_data_error_and_other_threads_stay_read
         got = await call(kind, saver, "get_tuple", generate_config(healthy_thread))
         assert got is not None
         assert got.checkpoint["id"] == checkpoints[healthy_thread]["id"]
-        assert got.checkpoint["channel_values"] == {"x": f"value of {healthy_thread}"}
+        assert got.checkpoint["channel_values"] == {"x": [f"value of {healthy_thread}"]}
         assert got.metadata["owner"] == healthy_thread
         assert got.pending_writes == [("task", "w", f"write of {healthy_thread}")]
         listed = await list_all(kind, saver, generate_config(healthy_thread))
         assert [t.checkpoint["id"] for t in listed] == [checkpoints[healthy_thread]["id"]]
-        assert listed[0].checkpoint["channel_values"] == {"x": f"value of {healthy_thread}"}
+        assert listed[0].checkpoint["channel_values"] == {"x": [f"value of {healthy_thread}"]}
         filtered = await list_all(kind, saver, None, filter={"owner": healthy_thread})
         assert [t.checkpoint["id"] for t in filtered] == [checkpoints[healthy_thread]["id"]]
 
@@ -491,6 +494,7 @@ async def test_long_incompressible_metadata_value_is_stored_and_filterable(
 @dataclasses.dataclass
 class Secrets:
     channel: str
+    inline: str
     big: str
     write: str
     meta: str
@@ -501,6 +505,7 @@ class Secrets:
         tag = uuid.uuid4().hex
         return cls(
             channel=f"SECRET-CHANNEL-{tag}-{uuid.uuid4().hex}",
+            inline=f"SECRET-INLINE-{tag}-{uuid.uuid4().hex}",
             big=f"SECRET-BIG-{tag}-{uuid.uuid4().hex}",
             write=f"SECRET-WRITE-{tag}-{uuid.uuid4().hex}",
             meta=f"SECRET-META-{tag}-{uuid.uuid4().hex}",
@@ -520,10 +525,13 @@ def big_value(secret: str) -> str:
 
 async def store_secrets(kind: str, saver: Any, thread: str, secrets: Secrets) -> dict[str, Any]:
     big = big_value(secrets.big)
-    cp = checkpoint_with({"notes": secrets.channel, "big": big}, {"notes": 1, "big": 1})
+    # "notes" is stored in a row of its own, "flag" (a short string) inside the
+    # checkpoint's row, "big" in a row of its own, compressed.
+    values = {"notes": [secrets.channel], "flag": secrets.inline, "big": big}
+    cp = checkpoint_with(values, {"notes": 1, "flag": 1, "big": 1})
     metadata = {"source": "input", "step": 1, "secret": secrets.meta, "run_id": secrets.run_id}
     cfg = await call(
-        kind, saver, "put", generate_config(thread), cp, metadata, {"notes": 1, "big": 1}
+        kind, saver, "put", generate_config(thread), cp, metadata, {"notes": 1, "flag": 1, "big": 1}
     )
     await call(kind, saver, "put_writes", cfg, [("notes", secrets.write)], "task-1")
     return {"config": cfg, "checkpoint": cp, "big": big}
@@ -535,7 +543,11 @@ async def check_secrets_read_back(
     got = await call(kind, saver, "get_tuple", generate_config(thread))
     assert got is not None
     assert got.checkpoint["id"] == stored["checkpoint"]["id"]
-    assert got.checkpoint["channel_values"] == {"notes": secrets.channel, "big": stored["big"]}
+    assert got.checkpoint["channel_values"] == {
+        "notes": [secrets.channel],
+        "flag": secrets.inline,
+        "big": stored["big"],
+    }
     assert got.pending_writes == [("task-1", "notes", secrets.write)]
     assert got.metadata["secret"] == secrets.meta
     assert got.metadata["run_id"] == secrets.run_id
@@ -634,9 +646,11 @@ async def test_unencrypted_secrets_are_in_the_raw_database_control(
     ) as saver:
         stored = await store_secrets(kind, saver, thread, secrets)
         await check_secrets_read_back(kind, saver, thread, secrets, stored)
+    # All but "inline": it is inside the checkpoint's row, which is compressed (the test
+    # above checks that row is encrypted).
     assert secrets_found_on_disk(kind, sqlite_path, pg_url, pg_server, secrets) == set(
         secrets.all()
-    )
+    ) - {"inline"}
 
 
 @pytest.mark.parametrize("reader_key", ["wrong_key", "no_key"])

@@ -3,6 +3,7 @@ filters answered from an index on both databases."""
 
 from __future__ import annotations
 
+import enum
 import operator
 import re
 import sqlite3
@@ -16,7 +17,7 @@ from langgraph.graph import END, START, StateGraph
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends.base import Query, batch, drive
 
-from savers_support import KINDS, SYNC_KINDS, is_async, is_postgres, open_saver
+from savers_support import KINDS, SYNC_KINDS, call, is_async, is_postgres, open_saver
 
 
 class State(TypedDict):
@@ -382,3 +383,52 @@ async def test_a_filter_is_driven_from_its_rarest_term(kind: str, saver: Any) ->
     assert len(counted) == 1  # the uncommon terms are counted against each other
     kind_term = saver._term('["kind"]="common"')
     assert (kind_term in counted[0].params) == (not is_postgres(kind))
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_small_plain_values_are_kept_in_the_checkpoint_row(
+    kind: str, db: dict[str, str]
+) -> None:
+    """None, booleans, numbers and strings up to 256 characters travel inside the
+    checkpoint's row (no row of their own); anything else, a str subclass included, gets
+    its own row. Both read back exactly, types included."""
+    async with open_saver(kind, **db, allowed_types=[Color]) as saver:
+        await _check_small_plain_values(kind, saver)
+
+
+async def _check_small_plain_values(kind: str, saver: Any) -> None:
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    values = {
+        "none": None,
+        "flag": True,
+        "count": 3,
+        "ratio": 1.0,
+        "short": "x" * 256,
+        "long": "y" * 257,
+        "color": Color.RED,
+        "items": [1, 2],
+    }
+    versions = {ch: saver.get_next_version(None, None) for ch in values}
+    checkpoint = generate_checkpoint(channel_values=values, channel_versions=versions)
+    config: Any = {"configurable": {"thread_id": "inline", "checkpoint_ns": ""}}
+    stored = await call(saver, "put", kind, config, checkpoint, {}, versions)
+    rows = await _rows(
+        saver, kind, "SELECT channel FROM agentcheck_blobs WHERE thread_id = ?", ("inline",)
+    )
+    assert sorted(r[0] for r in rows) == ["color", "items", "long"]
+    got = await call(saver, "get_tuple", kind, stored)
+    assert got.checkpoint["channel_values"] == values
+    read = got.checkpoint["channel_values"]
+    assert type(read["flag"]) is bool and type(read["ratio"]) is float
+    assert type(read["color"]) is Color
+    assert "_ac_inline" not in got.checkpoint
+
+    # A copy of the thread, and a fresh saver, read the same.
+    await call(saver, "copy_thread", kind, "inline", "inline-copy")
+    copied = await call(saver, "get_tuple", kind, {"configurable": {"thread_id": "inline-copy"}})
+    assert copied.checkpoint["channel_values"] == values

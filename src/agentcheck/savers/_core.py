@@ -62,6 +62,20 @@ _TERM_STATS_TTL = 60.0  # seconds a saver keeps the database's statistics of ter
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 
 
+INLINE_KEY = "_ac_inline"  # in a stored checkpoint: {channel: small plain value}
+_INLINE_TEXT = 256  # strings up to this long are kept inside the checkpoint row
+
+
+def _inlined(value: Any) -> bool:
+    """Whether a channel value is stored inside its checkpoint's row (exact types only:
+    a subclass, an enum say, needs the serializer's own encoding)."""
+    return (
+        value is None
+        or type(value) in (bool, int, float)
+        or (type(value) is str and len(value) <= _INLINE_TEXT)
+    )
+
+
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -181,7 +195,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         blob_rows = []
         remember: list[Callable[[], None]] = []
         planned: dict[str, list[str]] = {}  # channel -> rows it is built from, for deltas now
+        # Small plain values (counters, flags, short strings, the None of a trigger
+        # channel) travel inside the checkpoint row: a row of their own would cost more
+        # (its key, two B-trees) than repeating them in each checkpoint.
+        inline = {ch: v for ch, v in values.items() if _inlined(v)}
         for channel, version in new_versions.items():
+            if channel in inline:
+                continue
             # A channel with a new version but no value (consumed, or a DeltaChannel step)
             # gets no row: reads treat a missing row as no value.
             if channel in values:
@@ -199,6 +219,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                     type_, data = self._dump(values[channel])
                 blob_rows.append((thread_id, ns, channel, str(version), type_, data))
         rest: dict[str, Any] = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        if inline:
+            rest[INLINE_KEY] = inline
         bases = self.list_deltas.bases(thread_id, ns, checkpoint["channel_versions"])
         bases.update(planned)
         if bases:
@@ -392,7 +414,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         Values are fetched once per (thread, namespace) and decoded once per
         (channel, version), however many of the rows share them.
         """
-        decoded: list[tuple[tuple[str, str, str], str | None, dict[str, Any], Any]] = []
+        decoded: list[
+            tuple[tuple[str, str, str], str | None, dict[str, Any], Any, dict[str, Any]]
+        ] = []
         wanted: dict[tuple[str, str], set[tuple[str, str]]] = {}
         ids: dict[tuple[str, str], list[str]] = {}
         for thread_id, ns, checkpoint_id, parent_id, cp_type, cp_data, m_type, m_data in rows:
@@ -400,9 +424,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             rest = self._load(cp_type, cp_data, "the checkpoint", key)
             meta = self._load(m_type, m_data, "the metadata", key)
             bases = rest.pop(BASES_KEY, None) or {}
-            decoded.append((key, parent_id, rest, meta))
+            inline = rest.pop(INLINE_KEY, None) or {}
+            decoded.append((key, parent_id, rest, meta, inline))
             pairs = wanted.setdefault((thread_id, ns), set())
-            pairs.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
+            pairs.update(
+                (ch, str(v))
+                for ch, v in rest.get("channel_versions", {}).items()
+                if ch not in inline
+            )
             pairs.update((ch, str(v)) for ch, chain in bases.items() for v in chain)
             ids.setdefault((thread_id, ns), []).append(checkpoint_id)
 
@@ -433,12 +462,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
         caches: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
         result = []
-        for key, parent_id, rest, meta in decoded:
+        for key, parent_id, rest, meta, inline in decoded:
             thread_id, ns, checkpoint_id = key
             found = values[(thread_id, ns)]
             ns_cache = caches.setdefault((thread_id, ns), {})
-            channel_values = {}
+            channel_values = dict(inline)
             for channel, version in rest.get("channel_versions", {}).items():
+                if channel in inline:
+                    continue
                 pair = (channel, str(version))
                 if pair not in found:
                     continue
@@ -593,13 +624,17 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if len(chain) < 2:
             return result
         ancestors = chain[1:]  # the target's own writes are pending for its next step
-        # Which ancestors each channel needs: up to and including its seed.
+        # Which ancestors each channel needs: up to and including its seed (a stored
+        # value: a row of its own, or a small one inside the ancestor's checkpoint row).
         blob_keys: dict[str, list[tuple[int, str]]] = {ch: [] for ch in channels}
+        inlined: dict[tuple[str, int], Any] = {}
         for depth, (cid, _parent, cp_type, cp_data) in enumerate(ancestors):
-            versions = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid)).get(
-                "channel_versions", {}
-            )
+            rest = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid))
+            versions = rest.get("channel_versions", {})
+            inline = rest.get(INLINE_KEY) or {}
             for ch in channels:
+                if ch in inline:
+                    inlined[(ch, depth)] = inline[ch]
                 if ch in versions:
                     blob_keys[ch].append((depth, str(versions[ch])))
         pairs = sorted({(ch, v) for ch in channels for _, v in blob_keys[ch]})
@@ -607,6 +642,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         seed_depth: dict[str, int] = {}
         for ch in channels:
             for depth, version in blob_keys[ch]:
+                if (ch, depth) in inlined:
+                    seed_depth[ch] = depth
+                    result[ch]["seed"] = inlined[(ch, depth)]
+                    break
                 if (ch, version) in stored:
                     seed_depth[ch] = depth
                     key = (thread_id, ns, ancestors[depth][0])
