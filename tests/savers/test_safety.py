@@ -596,8 +596,8 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
         stored = await store_secrets(kind, s, thread, secrets)
         await check_secrets_read_back(kind, s, thread, secrets, stored)
 
-    # Every stored payload is encrypted; the large value and the checkpoint (always, it is
-    # mostly zero-padded versions) compressed first.
+    # Every stored payload is encrypted; the large value compressed first (checkpoint rows,
+    # compressed otherwise, are not when encrypting).
     types = raw_sql(
         kind,
         sqlite_path,
@@ -605,7 +605,7 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
         "SELECT type, metadata_type FROM agentcheck_checkpoints WHERE thread_id = ?",
         (thread,),
     )
-    assert types == [("msgpack+z+aes", "msgpack+aes")]
+    assert types == [("msgpack+aes", "msgpack+aes")]
     blob_types = raw_sql(
         kind,
         sqlite_path,
@@ -646,8 +646,8 @@ async def test_unencrypted_secrets_are_in_the_raw_database_control(
     ) as saver:
         stored = await store_secrets(kind, saver, thread, secrets)
         await check_secrets_read_back(kind, saver, thread, secrets, stored)
-    # All but "inline": it is inside the checkpoint's row, which is compressed (the test
-    # above checks that row is encrypted).
+    # All but "inline": it is inside the checkpoint's row, which is compressed when not
+    # encrypted (the test above checks that row is encrypted).
     assert secrets_found_on_disk(kind, sqlite_path, pg_url, pg_server, secrets) == set(
         secrets.all()
     ) - {"inline"}

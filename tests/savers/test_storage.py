@@ -432,3 +432,47 @@ async def _check_small_plain_values(kind: str, saver: Any) -> None:
     await call(saver, "copy_thread", kind, "inline", "inline-copy")
     copied = await call(saver, "get_tuple", kind, {"configurable": {"thread_id": "inline-copy"}})
     assert copied.checkpoint["channel_values"] == values
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_inline_values_of_channels_without_a_version_are_not_returned(
+    kind: str, saver: Any
+) -> None:
+    """A value whose channel has no version is not part of the checkpoint (as with the
+    official savers), small or not."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    version = saver.get_next_version(None, None)
+    checkpoint = generate_checkpoint(
+        channel_values={"a": 1, "stray": 2, "stray_list": [3]},
+        channel_versions={"a": version},
+    )
+    config: Any = {"configurable": {"thread_id": "stray", "checkpoint_ns": ""}}
+    stored = saver.put(config, checkpoint, {}, {"a": version})
+    assert saver.get_tuple(stored).checkpoint["channel_values"] == {"a": 1}
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_prune_keep_latest_finds_a_delta_channel_seed_kept_inline(
+    kind: str, saver: Any
+) -> None:
+    """keep_latest keeps the ancestors a DeltaChannel needs back to its seed, and no
+    further, when the seed is a small value inside a checkpoint's row."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    v = saver.get_next_version(None, None)
+    shapes = [
+        ({"other": [0]}, {"other": v}, {}),  # the root: before the seed
+        ({"d": 5}, {"d": v}, {}),  # the seed, inline
+        ({}, {"d": v}, {}),  # the channel's value rebuilt from writes from here on
+        ({}, {"d": v}, {"counters_since_delta_snapshot": {"d": 2}}),
+    ]
+    config: Any = {"configurable": {"thread_id": "delta-seed", "checkpoint_ns": ""}}
+    ids = []
+    for values, versions, extra in shapes:
+        checkpoint = generate_checkpoint(channel_values=values, channel_versions=versions)
+        config = saver.put(config, checkpoint, {"source": "loop", **extra}, versions)
+        ids.append(checkpoint["id"])
+    saver.prune(["delta-seed"], strategy="keep_latest")
+    kept = [t.checkpoint["id"] for t in saver.list({"configurable": {"thread_id": "delta-seed"}})]
+    assert sorted(kept) == sorted(ids[1:])

@@ -198,7 +198,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         # Small plain values (counters, flags, short strings, the None of a trigger
         # channel) travel inside the checkpoint row: a row of their own would cost more
         # (its key, two B-trees) than repeating them in each checkpoint.
-        inline = {ch: v for ch, v in values.items() if _inlined(v)}
+        versions = checkpoint["channel_versions"]
+        inline = {ch: v for ch, v in values.items() if ch in versions and _inlined(v)}
         for channel, version in new_versions.items():
             if channel in inline:
                 continue
@@ -226,8 +227,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if bases:
             rest[BASES_KEY] = bases
         # Checkpoint rows are mostly zero-padded channel versions: zlib halves them for
-        # a few microseconds, at every put and read (docs/savers.md, "Storage").
-        cp_type, cp_data = self.codec.encode(*self.serde.dumps_typed(rest), compress=True)
+        # a few microseconds, at every put and read (docs/savers.md, "Storage"). Not when
+        # encrypting: the row may mix short values from different sources, and compressed
+        # lengths could then tell an observer of the ciphertext whether two of them match.
+        cp_type, cp_data = self.codec.encode(
+            *self.serde.dumps_typed(rest), compress=not self.codec.encrypted
+        )
         meta = get_serializable_checkpoint_metadata(config, metadata)
         try:
             if isinstance(self.serde, SafeSerializer):

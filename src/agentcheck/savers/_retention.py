@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentcheck.backends.base import Operation, Query, in_list
-from agentcheck.savers._core import _EMPTY, SaverCore, _chunks
+from agentcheck.savers._core import _EMPTY, INLINE_KEY, SaverCore, _chunks
 from agentcheck.savers._deltas import BASES_KEY, DELTA
 
 __all__ = ["RetentionCore"]
@@ -117,7 +117,12 @@ class RetentionCore(SaverCore):
                     cursor[2], cursor[3], "the checkpoint", (thread_id, ns, cursor[0])
                 )
                 versions = rest.get("channel_versions", {})
-                missing = {ch for ch in missing if (ch, str(versions.get(ch))) not in stored}
+                inline = rest.get(INLINE_KEY) or {}
+                missing = {
+                    ch
+                    for ch in missing
+                    if ch not in inline and (ch, str(versions.get(ch))) not in stored
+                }
                 cursor = by_id.get(cursor[1]) if cursor[1] else None
         doomed = [(thread_id, ns, cid) for cid in by_id if cid not in keep]
         if doomed:
