@@ -80,10 +80,15 @@ def profile_db(db: Db, databases: Databases, ops: Sequence[str], html: Path | No
             for step in range(200, 700):
                 thread.advance(new_checkpoint_id(step))
 
+        # The writes go to a checkpoint of another thread: 1,000 pending writes on the
+        # chat's latest checkpoint would make every later read of it decode them all.
+        other = ChatThread(saver, "writes", corpus, user="u-1", window=WINDOW, initial=WINDOW)
+        other.advance(new_checkpoint_id(0))
+
         def put_writes() -> None:
             for r in range(500):
                 writes = [("messages", [corpus.message(100_000 + r)]), ("turn", r)]
-                saver.put_writes(thread.config, writes, f"task-{r}", "~__pregel_pull, agent")
+                saver.put_writes(other.config, writes, f"task-{r}", "~__pregel_pull, agent")
 
         def gets() -> None:
             for _ in range(500):
