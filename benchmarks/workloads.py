@@ -70,6 +70,22 @@ def store_pair(ctx: Context, db: Db, name: str) -> Iterator[dict[Impl, Store]]:
         yield {impl: stack.enter_context(ctx.databases.open(impl, db, name)) for impl in IMPLS}
 
 
+def on_each_db(
+    name: str, run_on: Callable[[Context, Db, dict[Impl, Store]], list[Row]]
+) -> Callable[[Context], list[Row]]:
+    """A workload that runs ``run_on`` on each chosen database, with a fresh pair of
+    stores (agentcheck and official) named ``name``."""
+
+    def run(ctx: Context) -> list[Row]:
+        rows: list[Row] = []
+        for db in ctx.dbs:
+            with store_pair(ctx, db, name) as stores:
+                rows += run_on(ctx, db, stores)
+        return rows
+
+    return run
+
+
 def _summaries(samples: dict[Impl, list[float]]) -> tuple[Summary, Summary]:
     return Summary.of(samples["agentcheck"]), Summary.of(samples["official"])
 
@@ -140,14 +156,6 @@ def measure_floor(ctx: Context) -> dict[str, Summary]:
 
 
 # -- a chat thread with a 50-message window ----------------------------------------------
-
-
-def chat_window(ctx: Context) -> list[Row]:
-    rows: list[Row] = []
-    for db in ctx.dbs:
-        with store_pair(ctx, db, "chat") as stores:
-            rows += _chat_window_on(ctx, db, stores)
-    return rows
 
 
 def _chat_window_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
@@ -247,14 +255,6 @@ def _chat_window_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row
 # -- metadata filters over many threads ---------------------------------------------------
 
 
-def metadata_filter(ctx: Context) -> list[Row]:
-    rows: list[Row] = []
-    for db in ctx.dbs:
-        with store_pair(ctx, db, "filter") as stores:
-            rows += _metadata_filter_on(ctx, db, stores)
-    return rows
-
-
 FILTER_THREADS = 1000
 
 
@@ -325,14 +325,6 @@ def _metadata_filter_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list
 
 GROWING_TURNS = 200
 EDGE = 5  # turns pooled at each end of the thread
-
-
-def growing_thread(ctx: Context) -> list[Row]:
-    rows: list[Row] = []
-    for db in ctx.dbs:
-        with store_pair(ctx, db, "growing") as stores:
-            rows += _growing_thread_on(ctx, db, stores)
-    return rows
 
 
 def _growing_thread_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
@@ -421,14 +413,6 @@ def linear_graph(nodes: int) -> StateGraph[Count]:
 
 E2E_NODES = 10
 DURABILITIES: tuple[Durability, ...] = ("exit", "async", "sync")
-
-
-def end_to_end(ctx: Context) -> list[Row]:
-    rows: list[Row] = []
-    for db in ctx.dbs:
-        with store_pair(ctx, db, "e2e") as stores:
-            rows += _end_to_end_on(ctx, db, stores)
-    return rows
 
 
 def _end_to_end_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
@@ -562,10 +546,24 @@ def journal_overhead(ctx: Context) -> list[Row]:
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("chat", "a 57 KB chat state: put, writes, reads, bytes", chat_window),
-        Workload("filter", "metadata filters over many threads", metadata_filter),
-        Workload("growing", "a chat thread growing for 200 turns", growing_thread),
-        Workload("e2e", "a 10-node graph with each saver vs none", end_to_end),
+        Workload(
+            "chat",
+            "a 57 KB chat state: put, writes, reads, bytes",
+            on_each_db("chat", _chat_window_on),
+        ),
+        Workload(
+            "filter",
+            "metadata filters over many threads",
+            on_each_db("filter", _metadata_filter_on),
+        ),
+        Workload(
+            "growing",
+            "a chat thread growing for 200 turns",
+            on_each_db("growing", _growing_thread_on),
+        ),
+        Workload(
+            "e2e", "a 10-node graph with each saver vs none", on_each_db("e2e", _end_to_end_on)
+        ),
         Workload("journal", "the journal's cost per wrapped tool or model call", journal_overhead),
     )
 }

@@ -96,6 +96,14 @@ def linear_graph(saver: Any, names: tuple[str, ...] = ("fetch", "think", "write"
     return builder.compile(checkpointer=saver)
 
 
+def one_node_graph(saver: Any, node: Callable[[Log], Log], name: str = "ask") -> Any:
+    builder = StateGraph(Log)
+    builder.add_node(name, node)
+    builder.add_edge(START, name)
+    builder.add_edge(name, END)
+    return builder.compile(checkpointer=saver)
+
+
 def failing_graph(saver: Any, fail: list[bool]) -> Any:
     """START -> prepare -> explode -> END; ``explode`` raises while ``fail[0]`` is true."""
 
@@ -193,11 +201,7 @@ async def test_run_status_goes_running_interrupted_running_succeeded(kind: str, 
                 record(saver.journal.get_run("t1"))
             return {"log": [interrupt("approve?")]}
 
-    builder = StateGraph(Log)
-    builder.add_node("ask", ask)
-    builder.add_edge(START, "ask")
-    builder.add_edge("ask", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = one_node_graph(saver, ask)
 
     await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     assert seen_inside == [("running", 1)]
@@ -229,11 +233,7 @@ async def test_every_resumed_run_ends_succeeded_on_its_second_attempt(
     def ask(state: Log) -> Log:
         return {"log": [interrupt("approve?")]}
 
-    builder = StateGraph(Log)
-    builder.add_node("ask", ask)
-    builder.add_edge(START, "ask")
-    builder.add_edge("ask", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = one_node_graph(saver, ask)
     for i in range(60):
         await call(graph, "invoke", kind, {"log": []}, config(f"t{i}"), **SYNC)
         await call(graph, "invoke", kind, Command(resume="yes"), config(f"t{i}"), **SYNC)

@@ -151,6 +151,14 @@ def run_phase(scenario: str, env: Env, phase: str, answer: Any = None) -> Finish
     return Finished(proc.returncode, json.loads(lines[-1]), markers)
 
 
+def tool_reply(done: Finished) -> Any:
+    """The content of the one tool message of a run that finished."""
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    [tool_message] = [m for m in done.result["values"]["messages"] if m["type"] == "tool"]
+    return tool_message["content"]
+
+
 def by_name(events: list[Event], kind: str, name: str) -> list[str]:
     """The phases of the events of one wrapped call, in order."""
     return [e.phase for e in events if e.kind == kind and (e.name or "").startswith(name)]
@@ -323,10 +331,7 @@ def test_killed_inside_side_effect_with_reconcile_finds_the_effect_by_key(env: E
 
     done = run_phase("tool_reconcile", env, "resume")
 
-    assert done.returncode == 0, done.result
-    assert done.result["status"] == "done"
-    [tool_message] = [m for m in done.result["values"]["messages"] if m["type"] == "tool"]
-    assert tool_message["content"] == "charged 42 (found by key)"
+    assert tool_reply(done) == "charged 42 (found by key)"
     assert len(env.charges) == 1
     step = env.step("charge_card")
     assert step.status == "completed"
@@ -341,10 +346,7 @@ def test_killed_before_the_effect_reconcile_not_done_runs_it_once(env: Env) -> N
 
     done = run_phase("tool_reconcile_absent", env, "resume")
 
-    assert done.returncode == 0, done.result
-    assert done.result["status"] == "done"
-    [tool_message] = [m for m in done.result["values"]["messages"] if m["type"] == "tool"]
-    assert tool_message["content"] == "charged 42"
+    assert tool_reply(done) == "charged 42"
     # Reconcile said NOT_DONE, so the call ran again: exactly one effect, same key.
     assert len(env.charges) == 1
     step = env.step("charge_card")
@@ -391,10 +393,7 @@ def test_killed_inside_ask_tool_asks_a_human_and_uses_the_answer(env: Env) -> No
 
     done = run_phase("tool_ask", env, "answer", {"result": "charged 42 (confirmed by ops)"})
 
-    assert done.returncode == 0, done.result
-    assert done.result["status"] == "done"
-    [tool_message] = [m for m in done.result["values"]["messages"] if m["type"] == "tool"]
-    assert tool_message["content"] == "charged 42 (confirmed by ops)"
+    assert tool_reply(done) == "charged 42 (confirmed by ops)"
     assert len(env.charges) == 1
     step = env.step("charge_card")
     assert step.status == "completed"

@@ -10,11 +10,10 @@ import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-from test_storage import _rows
 
 from agentcheck import generate_key
 
-from savers_support import KINDS, call, is_async, open_saver
+from savers_support import KINDS, call, is_async, open_saver, raw_sql
 
 TURNS = 30
 
@@ -67,6 +66,11 @@ def contents(state: Any) -> list[str]:
     return [str(m.content) for m in state.values.get("messages", [])]
 
 
+async def messages_at(graph: Any, kind: str, config: Any) -> list[str]:
+    """The contents of the messages in the graph's state at ``config``."""
+    return contents(await call(graph, "get_state", kind, config))
+
+
 def check_history(states: list[Any], turns: int) -> None:
     """Every checkpoint of the chat holds exactly the messages written up to it."""
     loops = [s for s in states if s.metadata["source"] == "loop" and s.values.get("messages")]
@@ -84,14 +88,14 @@ async def test_growing_chat_is_stored_as_deltas_and_every_version_reads_back(
         graph = chat_graph().compile(checkpointer=saver)
         await run_chat(graph, kind, "t", TURNS)
         config = {"configurable": {"thread_id": "t"}}
-        state = await call(graph, "get_state", kind, config)
-        assert contents(state) == expected(TURNS)
+        assert await messages_at(graph, kind, config) == expected(TURNS)
         check_history(await history(graph, kind, config), TURNS)
         types = [
             r[0]
-            for r in await _rows(
-                saver,
+            for r in raw_sql(
                 kind,
+                sqlite_path,
+                pg_url,
                 "SELECT type FROM agentcheck_blobs WHERE thread_id = ? AND channel = ?",
                 ("t", "messages"),
             )
@@ -108,8 +112,7 @@ async def test_growing_chat_is_stored_as_deltas_and_every_version_reads_back(
         # ... and continues the thread correctly.
         question = HumanMessage(content=f"question {TURNS}", id=f"q{TURNS}")
         await call(graph, "invoke", kind, {"messages": [question], "turn": TURNS}, config)
-        state = await call(graph, "get_state", kind, config)
-        assert contents(state) == expected(TURNS + 1)
+        assert await messages_at(graph, kind, config) == expected(TURNS + 1)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -129,12 +132,10 @@ async def test_a_fork_from_an_old_checkpoint_reads_its_own_branch(
             old.config,
             {"messages": [HumanMessage(content="forked", id="f")]},
         )
-        state = await call(graph, "get_state", kind, forked)
-        assert contents(state) == expected(10) + ["forked"]
-        latest = await call(graph, "get_state", kind, config)
-        assert contents(latest) == expected(10) + ["forked"]  # the fork is now the head
-        original = await call(graph, "get_state", kind, states[0].config)
-        assert contents(original) == expected(20)
+        assert await messages_at(graph, kind, forked) == expected(10) + ["forked"]
+        # the fork is now the head
+        assert await messages_at(graph, kind, config) == expected(10) + ["forked"]
+        assert await messages_at(graph, kind, states[0].config) == expected(20)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -147,32 +148,28 @@ async def test_prune_copy_and_delete_for_runs_keep_deltas_readable(
         config = {"configurable": {"thread_id": "t"}}
         copy = {"configurable": {"thread_id": "copy"}}
         await call(saver, "copy_thread", kind, "t", "copy")
-        assert contents(await call(graph, "get_state", kind, copy)) == expected(21)
+        assert await messages_at(graph, kind, copy) == expected(21)
 
         # A run's checkpoints deleted: the copy is back where it was, every remaining
         # version still reads (its delta bases were kept), and writing goes on.
         await run_chat(graph, kind, "copy", 26, start=21, run_id="extra-run")
-        assert contents(await call(graph, "get_state", kind, copy)) == expected(26)
+        assert await messages_at(graph, kind, copy) == expected(26)
         await call(saver, "delete_for_runs", kind, [f"extra-run-{n}" for n in range(21, 26)])
-        assert contents(await call(graph, "get_state", kind, copy)) == expected(21)
+        assert await messages_at(graph, kind, copy) == expected(21)
         check_history(await history(graph, kind, copy), 21)
         await run_chat(graph, kind, "copy", 23, start=21)
-        assert contents(await call(graph, "get_state", kind, copy)) == expected(23)
+        assert await messages_at(graph, kind, copy) == expected(23)
 
         await call(saver, "prune", kind, ["t"], strategy="keep_latest")
-        state = await call(graph, "get_state", kind, config)
-        assert contents(state) == expected(21)
+        assert await messages_at(graph, kind, config) == expected(21)
         # Writing on after the prune (the saver's snapshot memory was dropped with it).
         await run_chat(graph, kind, "t", 25, start=21)
-        state = await call(graph, "get_state", kind, config)
-        assert contents(state) == expected(25)
+        assert await messages_at(graph, kind, config) == expected(25)
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
         graph = chat_graph().compile(checkpointer=fresh)
-        state = await call(graph, "get_state", kind, config)
-        assert contents(state) == expected(25)
-        copy_state = await call(graph, "get_state", kind, {"configurable": {"thread_id": "copy"}})
-        assert contents(copy_state) == expected(23)
+        assert await messages_at(graph, kind, config) == expected(25)
+        assert await messages_at(graph, kind, copy) == expected(23)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -185,9 +182,10 @@ async def test_deltas_are_encrypted_too(kind: str, sqlite_path: str, pg_url: str
         await run_chat(graph, kind, "t", 12)
         types = {
             r[0]
-            for r in await _rows(
-                saver,
+            for r in raw_sql(
                 kind,
+                sqlite_path,
+                pg_url,
                 "SELECT type FROM agentcheck_blobs WHERE thread_id = ? AND channel = ?",
                 ("t", "messages"),
             )
@@ -238,7 +236,7 @@ async def test_a_failed_put_leaves_nothing_to_build_deltas_on(
             del saver._put
             await run_chat(graph, kind, "t", turn + 1, start=turn)
         await run_chat(graph, kind, "t", 20, start=17)
-        assert contents(await call(graph, "get_state", kind, config)) == expected(20)
+        assert await messages_at(graph, kind, config) == expected(20)
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
         graph = chat_graph().compile(checkpointer=fresh)

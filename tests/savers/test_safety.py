@@ -598,37 +598,16 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
 
     # Every stored payload is encrypted; the large value compressed first (checkpoint rows,
     # compressed otherwise, are not when encrypting).
-    types = raw_sql(
-        kind,
-        sqlite_path,
-        pg_url,
-        "SELECT type, metadata_type FROM agentcheck_checkpoints WHERE thread_id = ?",
-        (thread,),
-    )
+    def of_thread(sql: str) -> list[Any]:
+        return raw_sql(kind, sqlite_path, pg_url, sql + " WHERE thread_id = ?", (thread,))
+
+    types = of_thread("SELECT type, metadata_type FROM agentcheck_checkpoints")
     assert types == [("msgpack+aes", "msgpack+aes")]
-    blob_types = raw_sql(
-        kind,
-        sqlite_path,
-        pg_url,
-        "SELECT channel, type FROM agentcheck_blobs WHERE thread_id = ?",
-        (thread,),
-    )
+    blob_types = of_thread("SELECT channel, type FROM agentcheck_blobs")
     assert dict(blob_types) == {"notes": "msgpack+aes", "big": "msgpack+z+aes"}
-    write_types = raw_sql(
-        kind,
-        sqlite_path,
-        pg_url,
-        "SELECT type FROM agentcheck_writes WHERE thread_id = ?",
-        (thread,),
-    )
+    write_types = of_thread("SELECT type FROM agentcheck_writes")
     assert write_types == [("msgpack+aes",)]
-    terms = raw_sql(
-        kind,
-        sqlite_path,
-        pg_url,
-        "SELECT term FROM agentcheck_metadata_terms WHERE thread_id = ?",
-        (thread,),
-    )
+    terms = of_thread("SELECT term FROM agentcheck_metadata_terms")
     assert terms and all(t.startswith("h:") for (t,) in terms)
 
     assert secrets_found_on_disk(kind, sqlite_path, pg_url, pg_server, secrets) == set()

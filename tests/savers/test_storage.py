@@ -17,7 +17,15 @@ from langgraph.graph import END, START, StateGraph
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends.base import Query, batch, drive
 
-from savers_support import KINDS, SYNC_KINDS, call, is_async, is_postgres, open_saver
+from savers_support import (
+    KINDS,
+    SYNC_KINDS,
+    call,
+    is_async,
+    is_postgres,
+    open_saver,
+    raw_sql,
+)
 
 
 class State(TypedDict):
@@ -36,20 +44,6 @@ def build_graph(n_steps: int) -> StateGraph[State]:
     return builder
 
 
-async def _rows(saver: Any, kind: str, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-    if is_postgres(kind):
-        if is_async(kind):
-            async with saver.conn.connection() as conn:
-                cur = await conn.execute(sql.replace("?", "%s"), params)
-                return await cur.fetchall()
-        with saver.conn.connection() as conn:
-            return conn.execute(sql.replace("?", "%s"), params).fetchall()
-    if is_async(kind):
-        cur = await saver.conn.execute(sql, params)
-        return list(await cur.fetchall())
-    return saver.conn.execute(sql, params).fetchall()
-
-
 @pytest.mark.parametrize("kind", KINDS)
 async def test_unchanged_channel_value_is_stored_once(
     kind: str, sqlite_path: str, pg_url: str
@@ -64,14 +58,19 @@ async def test_unchanged_channel_value_is_stored_once(
         else:
             final = graph.invoke(inputs, config)
         assert final["steps"] == list(range(10))
-        checkpoints = await _rows(
-            saver, kind, "SELECT COUNT(*) FROM agentcheck_checkpoints WHERE thread_id = ?", ("t",)
+        checkpoints = raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            "SELECT COUNT(*) FROM agentcheck_checkpoints WHERE thread_id = ?",
+            ("t",),
         )
         assert checkpoints[0][0] == 12  # input + 11 loop steps
         per_channel = dict(
-            await _rows(
-                saver,
+            raw_sql(
                 kind,
+                sqlite_path,
+                pg_url,
                 "SELECT channel, COUNT(*) FROM agentcheck_blobs WHERE thread_id = ? "
                 "GROUP BY channel",
                 ("t",),
@@ -104,9 +103,10 @@ async def test_large_values_are_compressed(kind: str, sqlite_path: str, pg_url: 
             await graph.ainvoke(inputs, config)
         else:
             graph.invoke(inputs, config)
-        rows = await _rows(
-            saver,
+        rows = raw_sql(
             kind,
+            sqlite_path,
+            pg_url,
             "SELECT type, blob FROM agentcheck_blobs WHERE thread_id = ? AND channel = ?",
             ("t", "document"),
         )
@@ -145,36 +145,27 @@ async def test_metadata_filter_is_answered_from_an_index(
         op = saver._list(None, {"user": "user-3"}, None, 10)
         query = next(op)
         op.close()
+        # Planner cost settings do not matter for a 300-row table; PostgreSQL is kept off
+        # the sequential scan so the plan shows whether an index *can* answer it.
+        db = {"sqlite_path": sqlite_path, "pg_url": pg_url}
+        plan = _explain(kind, db, query.sql, query.params, no_seqscan=True)
         if is_postgres(kind):
-            sql = pg_backend._pg(query.sql)
-            conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
-            async with conn:
-                await conn.execute("ANALYZE")
-                # Planner cost settings do not matter for a 300-row table; forbid the
-                # sequential scan so the plan shows whether an index *can* answer it.
-                await conn.execute("SET enable_seqscan = off")
-                cur = psycopg.AsyncRawCursor(conn)  # the saver's native $n placeholders
-                await cur.execute("EXPLAIN " + sql, tuple(query.params))
-                plan = "\n".join(r[0] for r in await cur.fetchall())
             assert "agentcheck_metadata_terms" in plan
             assert "Seq Scan" not in plan, plan
         else:
-            import sqlite3
-
-            conn = sqlite3.connect(sqlite_path)
-            plan = "\n".join(
-                str(r[-1])
-                for r in conn.execute("EXPLAIN QUERY PLAN " + query.sql, tuple(query.params))
-            )
-            conn.close()
             assert "agentcheck_metadata_terms_term_idx" in plan, plan
             assert "SCAN c" not in plan, plan
 
 
-def _explain(kind: str, db: dict[str, str], sql: str, params: Sequence[Any]) -> str:
+def _explain(
+    kind: str, db: dict[str, str], sql: str, params: Sequence[Any], *, no_seqscan: bool = False
+) -> str:
+    """The database's plan for one of the saver's statements."""
     if is_postgres(kind):
         with psycopg.connect(db["pg_url"], autocommit=True) as conn:
             conn.execute("ANALYZE")
+            if no_seqscan:
+                conn.execute("SET enable_seqscan = off")
             raw = psycopg.RawCursor(conn)  # the saver's native $n placeholders
             rows = raw.execute("EXPLAIN " + pg_backend._pg(sql), tuple(params)).fetchall()
         return "\n".join(r[0] for r in rows)
@@ -208,13 +199,7 @@ async def test_reads_look_values_and_writes_up_by_primary_key(
     assert latest.checkpoint["channel_values"] == {"a": 299, "b": [299]}
     assert latest.pending_writes == [("task-299", "a", 299)]
 
-    queries: list[Query] = []
-
-    def answer(query: Query) -> Any:
-        queries.append(query)
-        return saver.run_op(lambda: _replay(query), write=False)
-
-    drive(saver._get_tuple(latest.config), answer)
+    queries, _ = _recorded(saver, saver._get_tuple(latest.config))
     lookups = [q for q in queries if "agentcheck_blobs" in q.sql or "agentcheck_writes" in q.sql]
     assert len(lookups) == 2, [q.sql for q in queries]
     for query in lookups:
@@ -228,9 +213,19 @@ async def test_reads_look_values_and_writes_up_by_primary_key(
             assert "SCAN agentcheck" not in plan and "SCAN b" not in plan, plan
 
 
-def _replay(query: Query) -> Any:
-    rows = yield query
-    return rows
+def _recorded(saver: Any, op: Any) -> tuple[list[Query], Any]:
+    """Run a sync saver's read operation query by query; the queries and its result."""
+    queries: list[Query] = []
+
+    def replay(query: Query) -> Any:
+        rows = yield query
+        return rows
+
+    def answer(query: Query) -> Any:
+        queries.append(query)
+        return saver.run_op(lambda: replay(query), write=False)
+
+    return queries, drive(op, answer)
 
 
 def _failing_put(saver: Any, thread_id: str, failure: str) -> Any:
@@ -254,7 +249,7 @@ def _failing_put(saver: Any, thread_id: str, failure: str) -> Any:
 @pytest.mark.parametrize("failure", ["sql", "python", "python-after-read"])
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_failed_write_stores_nothing_and_the_saver_goes_on(
-    kind: str, saver: Any, failure: str
+    kind: str, saver: Any, failure: str, db: dict[str, str]
 ) -> None:
     """Every write runs in one transaction: a failure part-way leaves no trace and the
     connection usable (on PostgreSQL autocommit connections agentcheck sends BEGIN and
@@ -269,7 +264,7 @@ async def test_a_failed_write_stores_nothing_and_the_saver_goes_on(
         assert isinstance(info.value, ValueError)
     else:
         assert "no_such_column" in str(info.value)
-    assert await _rows(saver, kind, "SELECT * FROM agentcheck_checkpoints") == []
+    assert raw_sql(kind, **db, sql="SELECT * FROM agentcheck_checkpoints") == []
     # The same connections serve the next operations.
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
@@ -357,15 +352,8 @@ async def test_a_filter_is_driven_from_its_rarest_term(kind: str, saver: Any) ->
             conn.execute("ANALYZE agentcheck_metadata_terms")
         saver._term_stats = None  # as if a minute had passed
 
-    def planned(flt: dict[str, Any]) -> tuple[list[Query], list[Any]]:
-        queries: list[Query] = []
-
-        def answer(query: Query) -> Any:
-            queries.append(query)
-            return saver.run_op(lambda: _replay(query), write=False)
-
-        found = drive(saver._list(None, flt, None, 5), answer)
-        return queries, found
+    def planned(flt: dict[str, Any]) -> tuple[list[Query], Any]:
+        return _recorded(saver, saver._list(None, flt, None, 5))
 
     queries, found = planned({"kind": "common", "step": 7})
     assert [t.metadata["step"] for t in found] == [7]
@@ -397,10 +385,10 @@ async def test_small_plain_values_are_kept_in_the_checkpoint_row(
     checkpoint's row (no row of their own); anything else, a str subclass included, gets
     its own row. Both read back exactly, types included."""
     async with open_saver(kind, **db, allowed_types=[Color]) as saver:
-        await _check_small_plain_values(kind, saver)
+        await _check_small_plain_values(kind, saver, db)
 
 
-async def _check_small_plain_values(kind: str, saver: Any) -> None:
+async def _check_small_plain_values(kind: str, saver: Any, db: dict[str, str]) -> None:
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
     values = {
@@ -417,8 +405,11 @@ async def _check_small_plain_values(kind: str, saver: Any) -> None:
     checkpoint = generate_checkpoint(channel_values=values, channel_versions=versions)
     config: Any = {"configurable": {"thread_id": "inline", "checkpoint_ns": ""}}
     stored = await call(saver, "put", kind, config, checkpoint, {}, versions)
-    rows = await _rows(
-        saver, kind, "SELECT channel FROM agentcheck_blobs WHERE thread_id = ?", ("inline",)
+    rows = raw_sql(
+        kind,
+        **db,
+        sql="SELECT channel FROM agentcheck_blobs WHERE thread_id = ?",
+        params=("inline",),
     )
     assert sorted(r[0] for r in rows) == ["color", "items", "long"]
     got = await call(saver, "get_tuple", kind, stored)

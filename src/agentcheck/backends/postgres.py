@@ -11,6 +11,7 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -88,6 +89,45 @@ def _is_disconnect(exc: BaseException, conn: Any) -> bool:
     )
 
 
+@dataclass
+class _Attempt:
+    """How one attempt at an operation uses its connection (the same for both runners).
+
+    Inside a transaction of the caller's, its commit decides: agentcheck's writes join
+    it (a savepoint) and nothing is known stored afterwards, so the operation's OnCommit
+    callbacks are dropped. Otherwise a write on an autocommit connection is framed by
+    BEGIN/COMMIT statements of its own (:func:`_framed`).
+    """
+
+    outer: bool
+    explicit: bool
+    callbacks: list[Callable[[], None]] = field(default_factory=list)
+
+    @classmethod
+    def on(cls, conn: Any, write: bool) -> _Attempt:
+        outer = _in_transaction(conn)
+        return cls(outer, write and conn.autocommit and not outer)
+
+    def must_roll_back(self, conn: Any) -> bool:
+        """After an error: whether our own transaction is still open on the server."""
+        return self.explicit and _in_transaction(conn)
+
+    def committed(self) -> None:
+        if not self.outer:
+            for callback in self.callbacks:
+                callback()
+
+
+def _retry_or_raise(exc: Exception, conn: Any, is_pool: bool, last: bool, pool: str) -> None:
+    """Return if the operation should be retried on another connection, else raise."""
+    if not _is_disconnect(exc, conn):
+        raise exc
+    if not is_pool:
+        raise _single_connection_error(exc, pool) from exc
+    if last:
+        raise exc
+
+
 class SyncRunner:
     """Runs operations on a psycopg ``Connection`` or ``ConnectionPool``.
 
@@ -114,44 +154,35 @@ class SyncRunner:
 
     def run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
         attempts = self.conn.max_size + 1 if self.is_pool else 1
-        for attempt in range(attempts):
+        for tried in range(1, attempts + 1):
             conn = None
             try:
                 with self._connection() as conn:
                     # A write is one round trip (see _Statements and _framed).
-                    outer = _in_transaction(conn)  # the caller's: its commit decides
-                    explicit = write and conn.autocommit and not outer
-                    callbacks: list[Callable[[], None]] = []
+                    attempt = _Attempt.on(conn, write)
                     try:
                         with (
                             _pipeline(conn, write),
-                            _transaction(conn, write, explicit),
+                            _transaction(conn, write, attempt.explicit),
                             _cursor(conn) as cur,
                         ):
                             statements = _Statements(conn, cur)
                             result = drive(
-                                _framed(make_op, explicit),
+                                _framed(make_op, attempt.explicit),
                                 statements.execute,
                                 statements.execute_batch,
-                                on_commit=callbacks,
+                                on_commit=attempt.callbacks,
                             )
                             statements.flush()
                     except BaseException:
-                        if explicit and _in_transaction(conn):
+                        if attempt.must_roll_back(conn):
                             with contextlib.suppress(Exception):
                                 conn.execute("ROLLBACK")
                         raise
-                if not outer:  # inside the caller's transaction nothing is known stored yet
-                    for callback in callbacks:
-                        callback()
+                attempt.committed()
                 return result
             except Exception as exc:
-                if not _is_disconnect(exc, conn):
-                    raise
-                if not self.is_pool:
-                    raise _single_connection_error(exc, "ConnectionPool") from exc
-                if attempt + 1 == attempts:
-                    raise
+                _retry_or_raise(exc, conn, self.is_pool, tried == attempts, "ConnectionPool")
                 # A pool made without check= may hold more dead connections: drop them.
                 self.conn.check()
         raise AssertionError("unreachable")
@@ -178,43 +209,34 @@ class AsyncRunner:
 
     async def run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
         attempts = self.conn.max_size + 1 if self.is_pool else 1
-        for attempt in range(attempts):
+        for tried in range(1, attempts + 1):
             conn = None
             try:
                 async with self._connection() as conn:
-                    outer = _in_transaction(conn)  # the caller's: its commit decides
-                    explicit = write and conn.autocommit and not outer
-                    callbacks: list[Callable[[], None]] = []
+                    attempt = _Attempt.on(conn, write)
                     try:
                         async with (
                             _pipeline(conn, write),
-                            _transaction(conn, write, explicit),
+                            _transaction(conn, write, attempt.explicit),
                             _cursor(conn) as cur,
                         ):
                             statements = _AsyncStatements(conn, cur)
                             result = await adrive(
-                                _framed(make_op, explicit),
+                                _framed(make_op, attempt.explicit),
                                 statements.execute,
                                 statements.execute_batch,
-                                on_commit=callbacks,
+                                on_commit=attempt.callbacks,
                             )
                             await statements.flush()
                     except BaseException:
-                        if explicit and _in_transaction(conn):
+                        if attempt.must_roll_back(conn):
                             with contextlib.suppress(Exception):
                                 await conn.execute("ROLLBACK")
                         raise
-                if not outer:  # inside the caller's transaction nothing is known stored yet
-                    for callback in callbacks:
-                        callback()
+                attempt.committed()
                 return result
             except Exception as exc:
-                if not _is_disconnect(exc, conn):
-                    raise
-                if not self.is_pool:
-                    raise _single_connection_error(exc, "AsyncConnectionPool") from exc
-                if attempt + 1 == attempts:
-                    raise
+                _retry_or_raise(exc, conn, self.is_pool, tried == attempts, "AsyncConnectionPool")
                 await self.conn.check()
         raise AssertionError("unreachable")
 

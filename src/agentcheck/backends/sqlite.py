@@ -105,9 +105,3 @@ def run(conn: sqlite3.Connection, make_op: Callable[[], Operation[T]], write: bo
         for callback in callbacks:
             callback()
     return result
-
-
-def execute_script(conn: sqlite3.Connection, statements: tuple[str, ...]) -> None:
-    """Run statements outside any operation (used for pragmas on async connections)."""
-    for statement in statements:
-        conn.execute(statement)
