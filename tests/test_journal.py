@@ -361,6 +361,60 @@ async def test_events_have_strictly_increasing_seq_and_after_filters(kind: str, 
     assert await call(saver.journal, "events", kind, "no-such-run") == []
 
 
+@parametrize_kinds
+async def test_a_checkpoint_that_starts_and_ends_a_run_waits_for_no_answer(
+    kind: str, saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-step graph's only checkpoint starts its run and ends it. On PostgreSQL the
+    transitions and their events travel with the checkpoint, with no statement whose
+    answer is awaited before the COMMIT: the put is one round trip."""
+    from agentcheck.backends import postgres as pg_backend
+
+    awaited: list[str] = []
+    for cls in (pg_backend._Statements, pg_backend._AsyncStatements):
+        original = cls.execute
+
+        def recording(self: Any, query: Any, _original: Any = original) -> Any:
+            if query.fetch:
+                awaited.append(query.sql)
+            return _original(self, query)
+
+        monkeypatch.setattr(cls, "execute", recording)
+
+    graph = one_node_graph(saver, lambda state: {"log": ["done"]})
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="exit")
+    awaited_by_the_graph = list(awaited)
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("succeeded", 1)
+    events = await call(saver.journal, "events", kind, "t1")
+    assert run_events(events) == [("start", None), ("end", "succeeded")]
+    if is_postgres(kind):
+        # The first read (get_tuple of the empty thread) is the only answer awaited.
+        assert len(awaited_by_the_graph) == 1, awaited_by_the_graph
+        assert "FROM agentcheck_checkpoints" in awaited_by_the_graph[0]
+
+    # The run is over: marking it succeeded again changes nothing and logs nothing.
+    applied: list[bool] = []
+    ops = saver.journal.ops
+
+    def mark() -> Any:
+        return ops.mark_succeeded("t1", lambda: applied.append(True))
+
+    await run_op(saver.journal, kind, mark)
+    assert applied == []
+    assert await call(saver.journal, "events", kind, "t1") == events
+    # A running one is marked, once, and the callback runs after the commit.
+    await run_op(saver.journal, kind, lambda: ops.start_run("t1", framework="langgraph"))
+    await run_op(saver.journal, kind, mark)
+    assert applied == [True]
+    assert run_events(await call(saver.journal, "events", kind, "t1"))[2:] == [
+        ("start", None),
+        ("end", "succeeded"),
+    ]
+    again = await call(saver.journal, "get_run", kind, "t1")
+    assert (again.status, again.attempt) == ("succeeded", 2)
+
+
 # --------------------------------------------------------------------------- steps
 
 

@@ -24,7 +24,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from agentcheck._errors import UnsafeTypeError
-from agentcheck.backends.base import Operation, Query, in_list
+from agentcheck.backends.base import Later, OnCommit, Operation, Query, Rows, in_list
 
 if TYPE_CHECKING:
     from agentcheck.savers._core import SaverCore
@@ -282,25 +282,46 @@ class JournalOps:
         metadata: Any = None,
         owner: str | None = None,
         lease_until: str | None = None,
-    ) -> Operation[bool]:
+    ) -> Operation[None]:
         """Create a run as ``running``, or restart an existing one (attempt + 1).
 
         A run already running under the same ``owner`` (default: this saver's process
-        token) is left alone, so concurrent writers of one process start it once.
-        Returns whether the run was (re)started; the start event is appended only then.
+        token) is left alone, so concurrent writers of one process start it once; the
+        start event is appended only when the run was (re)started.
         """
         mtype, meta = self.dump(metadata)
         ts = now()
         owner = owner or self.core.owner
-        rows = yield Query(
-            self.sql.START_RUN,
-            (run_id, framework, name, thread_id, owner, lease_until, ts, ts, mtype, meta),
-            fetch=True,
-        )
-        if not rows:
-            return False
-        yield from self.log(EventSpec(run_id, "run", "start", name=name))
-        return True
+        params = (run_id, framework, name, thread_id, owner, lease_until, ts, ts, mtype, meta)
+        event = EventSpec(run_id, "run", "start", name=name)
+        if self.sql.START_RUN_LOGGED is not None:
+            yield Query(self.sql.START_RUN_LOGGED, (*params, *self._event_row(event)[1:]))
+            return None
+        if (yield Query(self.sql.START_RUN, params, fetch=True)):
+            yield from self.log(event)
+        return None
+
+    def mark_succeeded(
+        self, run_id: str, on_applied: Callable[[], None] | None = None
+    ) -> Operation[None]:
+        """Mark a running run ``succeeded`` (a failed or restarted one is left as it is),
+        with an event saying so; ``on_applied`` runs after the commit if it applied."""
+        ts = now()
+        event = EventSpec(run_id, "run", "end", name="succeeded")
+
+        def applied(rows: Rows) -> None:
+            if rows and on_applied is not None:
+                on_applied()
+
+        if self.sql.MARK_SUCCEEDED_LOGGED is not None:
+            params = (ts, ts, run_id, *self._event_row(event)[1:])
+            yield Later(Query(self.sql.MARK_SUCCEEDED_LOGGED, params, fetch=True), applied)
+            return None
+        rows = yield Query(self.sql.MARK_SUCCEEDED, (ts, ts, run_id), fetch=True)
+        if rows:
+            yield from self.log(event)
+            yield OnCommit(lambda: applied(rows))
+        return None
 
     def set_run_status(
         self,
@@ -309,25 +330,23 @@ class JournalOps:
         *,
         error: str | None = None,
         framework: str = "custom",
-    ) -> Operation[bool]:
-        """Record a run's new status and an event saying so. ``succeeded`` only applies
-        to a running run; returns whether the status was recorded."""
-        ts = now()
-        ended = ts if status in ("succeeded", "failed", "crashed") else None
+    ) -> Operation[None]:
+        """Record a run's new status and an event saying so (``succeeded``: see
+        :meth:`mark_succeeded`)."""
         if status == "succeeded":
-            rows = yield Query(self.sql.MARK_SUCCEEDED, (ts, ended, run_id), fetch=True)
-            if not rows:
-                return False
-        else:
-            yield Query(
-                self.sql.SET_RUN_STATUS,
-                (run_id, framework, status, self.core.owner, ts, ts, ended, error),
-            )
+            yield from self.mark_succeeded(run_id)
+            return None
+        ts = now()
+        ended = ts if status in ("failed", "crashed") else None
+        yield Query(
+            self.sql.SET_RUN_STATUS,
+            (run_id, framework, status, self.core.owner, ts, ts, ended, error),
+        )
         phase = {"failed": "error", "crashed": "error", "interrupted": "interrupt"}.get(
             status, "end"
         )
         yield from self.log(EventSpec(run_id, "run", phase, name=status, error=error))
-        return True
+        return None
 
     def claim(
         self,

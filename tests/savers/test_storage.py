@@ -15,7 +15,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from agentcheck.backends import postgres as pg_backend
-from agentcheck.backends.base import Query, batch, drive
+from agentcheck.backends.base import Later, OnCommit, Query, batch, drive
 
 from savers_support import (
     KINDS,
@@ -334,6 +334,51 @@ async def test_a_batch_of_queries_answers_each_in_order(kind: str, saver: Any, w
     expected = [[("b",)], [], [("a",)]] if write else [[("b",)], [("a",)]]
     assert [list(map(tuple, rows)) for rows in answers] == expected
     assert after == ([] if write else [("b",)])
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["commits", "fails"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_later_statement_hands_its_rows_over_after_the_commit(
+    kind: str, saver: Any, fails: bool, db: dict[str, str]
+) -> None:
+    """A Later statement is executed in the transaction (PostgreSQL: without a round
+    trip of its own), and its rows reach the callback only once the transaction has
+    committed, in order with the OnCommit callbacks; never when the operation fails."""
+    got: list[Any] = []
+    insert = (
+        "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+        "idx, channel, type, blob, task_path) VALUES (?, '', 'c', 't', ?, 'x', 'null', ?, '') "
+        "RETURNING idx"
+    )
+
+    def op() -> Any:
+        yield Later(Query(insert, ("later", 7, b""), fetch=True), lambda rows: got.append(rows))
+        yield OnCommit(lambda: got.append("on-commit"))
+        yield Later(Query(insert, ("later", 8, b""), fetch=True), lambda rows: got.append(rows))
+        assert got == []  # nothing is known to be stored yet
+        if fails:
+            yield Query("SELECT no_such_column FROM agentcheck_writes", fetch=True)
+        return "done"
+
+    async def run() -> Any:
+        if is_async(kind):
+            return await saver.arun_op(op, write=True)
+        return saver.run_op(op, write=True)
+
+    if fails:
+        with pytest.raises(Exception, match="no_such_column"):
+            await run()
+        assert got == []
+        assert raw_sql(kind, **db, sql="SELECT idx FROM agentcheck_writes") == []
+    else:
+        assert await run() == "done"
+        assert [x if isinstance(x, str) else [tuple(r) for r in x] for x in got] == [
+            [(7,)],
+            "on-commit",
+            [(8,)],
+        ]
+        stored = raw_sql(kind, **db, sql="SELECT idx FROM agentcheck_writes ORDER BY idx")
+        assert [tuple(r) for r in stored] == [(7,), (8,)]
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

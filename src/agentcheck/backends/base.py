@@ -23,6 +23,7 @@ from agentcheck._errors import SchemaVersionError
 __all__ = [
     "SQL",
     "Batch",
+    "Later",
     "OnCommit",
     "Operation",
     "Query",
@@ -73,12 +74,34 @@ class OnCommit:
     callback: Callable[[], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Later:
+    """A statement whose rows only matter once the transaction has committed: they are
+    handed to ``callback`` then (never if it fails). PostgreSQL sends it with the
+    statements held back, so it costs no round trip of its own."""
+
+    query: Query
+    callback: Callable[[Rows], None]
+
+
 # An operation yields queries and is sent back each query's rows (empty when not fetched),
-# or yields a Batch and is sent back a list of rows, one per query, or an OnCommit.
-Operation = Generator[Query | Batch | OnCommit, Any, T]
+# or yields a Batch and is sent back a list of rows, one per query, or an OnCommit or a
+# Later (sent back None).
+Step = Query | Batch | OnCommit | Later
+Operation = Generator[Step, Any, T]
+# Sends a Later's query and gives a function that returns its rows after the commit.
+ExecuteLater = Callable[[Query], Callable[[], Rows]]
 
 
-def batch(queries: Sequence[Query]) -> Generator[Query | Batch | OnCommit, Any, list[Rows]]:
+def _now_rows(rows: Rows) -> Callable[[], Rows]:
+    return lambda: rows
+
+
+def _on_commit_with_rows(later: Later, rows: Callable[[], Rows]) -> Callable[[], None]:
+    return lambda: later.callback(rows())
+
+
+def batch(queries: Sequence[Query]) -> Generator[Step, Any, list[Rows]]:
     """Run independent queries together; ``yield from batch(...)`` gives their rows."""
     if len(queries) == 1:
         return [(yield queries[0])]
@@ -91,12 +114,15 @@ def drive(
     execute: Callable[[Query], Rows],
     execute_batch: Callable[[Sequence[Query]], list[Rows]] | None = None,
     on_commit: list[Callable[[], None]] | None = None,
+    execute_later: ExecuteLater | None = None,
 ) -> T:
     """Run an operation to completion with a synchronous ``execute`` (and
     ``execute_batch`` for batches; without it their queries run one by one).
 
-    The operation's :class:`OnCommit` callbacks are appended to ``on_commit``, for the
-    caller to run after its commit; without a list they run when the operation ends.
+    The operation's :class:`OnCommit` callbacks (and those of its :class:`Later`
+    statements, run now by ``execute`` unless ``execute_later`` defers them) are
+    appended to ``on_commit``, for the caller to run after its commit; without a list
+    they run when the operation ends.
     """
     callbacks: list[Callable[[], None]] = [] if on_commit is None else on_commit
     try:
@@ -106,6 +132,14 @@ def drive(
                 step = op.send(execute(step))
             elif isinstance(step, OnCommit):
                 callbacks.append(step.callback)
+                step = op.send(None)
+            elif isinstance(step, Later):
+                rows = (
+                    execute_later(step.query)
+                    if execute_later is not None
+                    else _now_rows(execute(step.query))
+                )
+                callbacks.append(_on_commit_with_rows(step, rows))
                 step = op.send(None)
             elif execute_batch is not None:
                 step = op.send(execute_batch(step.queries))
@@ -125,6 +159,7 @@ async def adrive(
     execute: Callable[[Query], Awaitable[Rows]],
     execute_batch: Callable[[Sequence[Query]], Awaitable[list[Rows]]] | None = None,
     on_commit: list[Callable[[], None]] | None = None,
+    execute_later: ExecuteLater | None = None,
 ) -> T:
     """Run an operation to completion with an asynchronous ``execute`` (see :func:`drive`)."""
     callbacks: list[Callable[[], None]] = [] if on_commit is None else on_commit
@@ -135,6 +170,14 @@ async def adrive(
                 step = op.send(await execute(step))
             elif isinstance(step, OnCommit):
                 callbacks.append(step.callback)
+                step = op.send(None)
+            elif isinstance(step, Later):
+                rows = (
+                    execute_later(step.query)
+                    if execute_later is not None
+                    else _now_rows(await execute(step.query))
+                )
+                callbacks.append(_on_commit_with_rows(step, rows))
                 step = op.send(None)
             elif execute_batch is not None:
                 step = op.send(await execute_batch(step.queries))
@@ -356,6 +399,10 @@ class SQL:
         "UPDATE agentcheck_runs SET status = 'succeeded', updated_at = ?, ended_at = ? "
         "WHERE run_id = ? AND status = 'running' RETURNING run_id"
     )
+    # Where the database can (PostgreSQL): the run transition and its event in one
+    # statement, the event appended only if the transition applied (see PostgresSQL).
+    START_RUN_LOGGED: str | None = None
+    MARK_SUCCEEDED_LOGGED: str | None = None
     SELECT_RUN = (
         "SELECT run_id, framework, name, thread_id, status, attempt, owner, lease_until, "
         "created_at, updated_at, ended_at, metadata_type, metadata, error "

@@ -8,7 +8,7 @@ checkpoint or writes that caused them (docs/journal.md, "What LangGraph runs wri
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME
@@ -93,8 +93,9 @@ class RunJournal:
             and not any(ch.startswith("branch:to:") for ch in values)
         ):
             # No node is triggered and no task is pending: the graph has finished.
-            if (yield from self.journal_ops.set_run_status(thread_id, "succeeded")):
-                yield from self._set_status(thread_id, "succeeded", checkpoint_id)
+            yield from self.journal_ops.mark_succeeded(
+                thread_id, self._remember_status(thread_id, "succeeded", checkpoint_id)
+            )
         return None
 
     def _push_nodes_at(self, thread_id: str, ns: str, checkpoint_id: str) -> list[str] | None:
@@ -175,8 +176,10 @@ class RunJournal:
     def _set_status(self, run_id: str, status: str, at: str | None) -> Operation[None]:
         """Remember a run's status once the transaction that wrote it has committed (a
         failed or retried write must not leave this process believing it was written)."""
+        yield OnCommit(self._remember_status(run_id, status, at))
 
+    def _remember_status(self, run_id: str, status: str, at: str | None) -> Callable[[], None]:
         def remember() -> None:
             self._run_status[run_id] = (status, at)
 
-        yield OnCommit(remember)
+        return remember
