@@ -189,10 +189,12 @@ def _kwargs_text() -> str:
     return "{" + items + "}"
 
 
-def floor_text(floor: dict[str, Summary]) -> str:
-    lines = ["Raw-insert floor: one INSERT of a 57 KB bytes value + commit, median (p95):"]
-    for db, s in floor.items():
-        lines.append(f"  {db:<9} {format_value(s.median, 'ms')} ({format_value(s.p95, 'ms')})")
+def floor_text(floor: dict[str, dict[str, Summary]]) -> str:
+    lines = ["Raw-insert floor: one INSERT of a bytes value + commit, median (p95):"]
+    for db, sizes in floor.items():
+        for size, s in sizes.items():
+            median, p95 = format_value(s.median, "ms"), format_value(s.p95, "ms")
+            lines.append(f"  {db:<9} {size:>6}  {median} ({p95})")
     return "\n".join(lines)
 
 
@@ -221,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         databases = Databases(tmp, pg)
         corpus = MessageCorpus()
         ctx = Context(databases, args.dbs, args.quick, corpus, log)
-        floor: dict[str, Summary] = {}
+        floor: dict[str, dict[str, Summary]] = {}
         rows: list[Row] = []
         for name in args.names:
             if name == FLOOR:
@@ -259,7 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "elapsed_s": elapsed,
                 "environment": env,
                 "chat_state": state,
-                "floor": {db: s.__dict__ for db, s in floor.items()},
+                "floor": {
+                    db: {size: s.__dict__ for size, s in sizes.items()}
+                    for db, sizes in floor.items()
+                },
                 "rows": [r.as_dict() for r in rows],
             },
         )
