@@ -21,6 +21,7 @@ from savers_support import (
     KINDS,
     SYNC_KINDS,
     call,
+    collect,
     is_async,
     is_postgres,
     open_saver,
@@ -114,6 +115,59 @@ async def test_large_values_are_compressed(kind: str, sqlite_path: str, pg_url: 
         type_, blob = rows[0]
         assert type_ == "msgpack+z"
         assert len(bytes(blob)) < len(document) // 20
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_checkpoint_stored_again_is_found_by_its_new_metadata_only(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """LangGraph stores a checkpoint a second time under the same id (durability="exit"
+    does at the end): its index terms are replaced, not added to."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    checkpoint = generate_checkpoint()
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    stored = await call(saver, "put", kind, config, checkpoint, {"step": 1, "who": "a", "x": 1}, {})
+    await call(saver, "put", kind, config, checkpoint, {"step": 1, "who": "b"}, {})
+
+    async def found(flt: dict[str, Any]) -> list[str]:
+        tuples = await collect(saver, "list", kind, None, filter=flt)
+        return [t.config["configurable"]["checkpoint_id"] for t in tuples]
+
+    assert await found({"who": "a"}) == []
+    assert await found({"x": 1}) == []
+    assert await found({"who": "b"}) == [checkpoint["id"]]
+    assert await found({"step": 1, "who": "b"}) == [checkpoint["id"]]
+    terms = raw_sql(kind, **db, sql="SELECT term FROM agentcheck_metadata_terms")
+    assert sorted(t for (t,) in terms) == ['["step"]=1', '["who"]="b"']
+    assert stored["configurable"]["checkpoint_id"] == checkpoint["id"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_ordinary_writes_keep_their_first_values_and_special_ones_are_replaced(
+    kind: str, saver: Any
+) -> None:
+    """A retried task cannot change what it wrote; an error or interrupt write replaces
+    the earlier one."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+    from langgraph.checkpoint.serde.types import ERROR
+
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    stored = await call(saver, "put", kind, config, generate_checkpoint(), {}, {})
+    first = [("a", 1), ("b", [2, "two"]), ("c", None)]
+    await call(saver, "put_writes", kind, stored, first, "task-1")
+    await call(saver, "put_writes", kind, stored, [("a", 9), ("b", 9), ("c", 9)], "task-1")
+    await call(saver, "put_writes", kind, stored, [("x", b"\x00bytes")], "task-2")
+    await call(saver, "put_writes", kind, stored, [(ERROR, "first failure")], "task-3")
+    await call(saver, "put_writes", kind, stored, [(ERROR, "second failure")], "task-3")
+    found = await call(saver, "get_tuple", kind, stored)
+    assert found.pending_writes == [
+        ("task-1", "a", 1),
+        ("task-1", "b", [2, "two"]),
+        ("task-1", "c", None),
+        ("task-2", "x", b"\x00bytes"),
+        ("task-3", ERROR, "second failure"),
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -379,6 +433,48 @@ async def test_a_later_statement_hands_its_rows_over_after_the_commit(
         ]
         stored = raw_sql(kind, **db, sql="SELECT idx FROM agentcheck_writes ORDER BY idx")
         assert [tuple(r) for r in stored] == [(7,), (8,)]
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if is_postgres(k)])
+async def test_a_write_of_one_statement_is_sent_without_begin_and_commit(
+    kind: str, saver: Any, db: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an autocommit connection a lone statement is its own transaction: agentcheck
+    sends no BEGIN/COMMIT around it. Two statements still get them, and so stay atomic."""
+    sent: list[str] = []
+    original = pg_backend._send
+
+    def recording(cur: Any, query: Query) -> Any:
+        sent.append(query.sql)
+        return original(cur, query)
+
+    monkeypatch.setattr(pg_backend, "_send", recording)
+    insert = (
+        "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+        "idx, channel, type, blob, task_path) VALUES (?, '', 'c', 't', ?, 'x', 'null', NULL, '')"
+    )
+
+    def one() -> Any:
+        yield Query(insert, ("one", 1))
+
+    def two_then_fail() -> Any:
+        yield Query(insert, ("two", 1))
+        yield Query(insert, ("two", 1))  # the same key again: a unique violation
+
+    async def run(op: Any) -> None:
+        if is_async(kind):
+            await saver.arun_op(op, write=True)
+        else:
+            saver.run_op(op, write=True)
+
+    await run(one)
+    assert sent == [insert]
+    sent.clear()
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        await run(two_then_fail)
+    assert sent == ["BEGIN", insert, insert, "COMMIT"]
+    rows = raw_sql(kind, **db, sql="SELECT thread_id FROM agentcheck_writes")
+    assert [tuple(r) for r in rows] == [("one",)]
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

@@ -288,11 +288,14 @@ def _framed(make_op: Callable[[], Operation[T]], explicit: bool) -> Operation[T]
     round trip; psycopg's transaction block waits for the server at BEGIN and at COMMIT.
     """
     if explicit:
-        yield Query("BEGIN")
+        yield _BEGIN
     result = yield from make_op()
     if explicit:
-        yield Query("COMMIT")
+        yield _COMMIT
     return result
+
+
+_BEGIN, _COMMIT = Query("BEGIN"), Query("COMMIT")
 
 
 def _in_transaction(conn: Any) -> bool:
@@ -318,6 +321,20 @@ class _Held:
         self.cur = cur
         self.held: list[tuple[Query, Any]] = []  # (statement, cursor to send it on)
         self.late: list[tuple[Any, Rows]] = []  # (cursor, rows) of Later statements
+
+    def take_held(self) -> list[tuple[Query, Any]]:
+        """The held statements, to send now. A write of one statement goes without the
+        BEGIN and COMMIT that frame it: on an autocommit connection a lone statement is
+        a transaction of its own, and the server then runs one statement, not three."""
+        held, self.held = self.held, []
+        if (
+            len(held) == 3
+            and held[0][0] is _BEGIN
+            and held[2][0] is _COMMIT
+            and (not held[1][0].many or len(held[1][0].params) == 1)
+        ):
+            return held[1:2]
+        return held
 
     def execute_later(self, query: Query) -> Callable[[], Rows]:
         own = _cursor(self.conn)
@@ -367,8 +384,7 @@ class _Statements(_Held):
             ]
 
     def flush(self) -> None:
-        held, self.held = self.held, []
-        for query, cur in held:
+        for query, cur in self.take_held():
             _send(cur, query)
 
     def collect(self) -> None:
@@ -410,8 +426,7 @@ class _AsyncStatements(_Held):
             ]
 
     async def flush(self) -> None:
-        held, self.held = self.held, []
-        for query, cur in held:
+        for query, cur in self.take_held():
             await _send(cur, query)
 
     async def collect(self) -> None:
