@@ -471,10 +471,18 @@ async def test_a_write_of_one_statement_is_sent_without_begin_and_commit(
     assert sent == [insert]
     sent.clear()
     with pytest.raises(psycopg.errors.UniqueViolation):
+        await run(one)  # alone, and failing: nothing to roll back
+    assert sent == [insert]
+    sent.clear()
+    with pytest.raises(psycopg.errors.UniqueViolation):
         await run(two_then_fail)
     assert sent == ["BEGIN", insert, insert, "COMMIT"]
     rows = raw_sql(kind, **db, sql="SELECT thread_id FROM agentcheck_writes")
     assert [tuple(r) for r in rows] == [("one",)]
+    # The connections serve the next write.
+    sent.clear()
+    await run(lambda: (yield Query(insert, ("three", 1))))
+    assert sent == [insert]
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)
