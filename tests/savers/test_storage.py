@@ -405,10 +405,14 @@ async def test_a_later_statement_hands_its_rows_over_after_the_commit(
         "RETURNING idx"
     )
 
+    no_result = "UPDATE agentcheck_writes SET task_path = 'p' WHERE thread_id = ?"
+
     def op() -> Any:
         yield Later(Query(insert, ("later", 7, b""), fetch=True), lambda rows: got.append(rows))
         yield OnCommit(lambda: got.append("on-commit"))
         yield Later(Query(insert, ("later", 8, b""), fetch=True), lambda rows: got.append(rows))
+        # A statement without RETURNING hands over no rows, on both databases.
+        yield Later(Query(no_result, ("later",), fetch=True), lambda rows: got.append(rows))
         assert got == []  # nothing is known to be stored yet
         if fails:
             yield Query("SELECT no_such_column FROM agentcheck_writes", fetch=True)
@@ -430,7 +434,10 @@ async def test_a_later_statement_hands_its_rows_over_after_the_commit(
             [(7,)],
             "on-commit",
             [(8,)],
+            [],
         ]
+        with pytest.raises(ValueError, match="fetch=True"):
+            Later(Query(no_result, ("x",)), got.append)
         stored = raw_sql(kind, **db, sql="SELECT idx FROM agentcheck_writes ORDER BY idx")
         assert [tuple(r) for r in stored] == [(7,), (8,)]
 

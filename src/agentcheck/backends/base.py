@@ -83,6 +83,10 @@ class Later:
     query: Query
     callback: Callable[[Rows], None]
 
+    def __post_init__(self) -> None:
+        if not self.query.fetch or self.query.many:
+            raise ValueError("a Later statement is one statement whose rows are read (fetch=True)")
+
 
 # An operation yields queries and is sent back each query's rows (empty when not fetched),
 # or yields a Batch and is sent back a list of rows, one per query, or an OnCommit or a

@@ -391,8 +391,8 @@ class _Statements(_Held):
         """Read the rows of the Later statements (after the pipeline's final sync)."""
         late, self.late = self.late, []
         for own, rows in late:
-            with own:
-                rows.extend(own.fetchall())
+            with own:  # a statement without a result (no RETURNING) gives none, as on SQLite
+                rows.extend(own.fetchall() if own.description is not None else [])
 
 
 def _send(cur: Any, query: Query) -> Any:
@@ -433,7 +433,7 @@ class _AsyncStatements(_Held):
         late, self.late = self.late, []
         for own, rows in late:
             async with own:
-                rows.extend(await own.fetchall())
+                rows.extend(await own.fetchall() if own.description is not None else [])
 
 
 def pool_kwargs() -> dict[str, Any]:
