@@ -169,6 +169,20 @@ def test_anything_validation_would_change_takes_langgraph_path(
         assert fast == slow
 
 
+def test_fields_stored_in_another_order_take_langgraph_path(revived: list[Any]) -> None:
+    """The fast path keeps the stored dict as the message's ``__dict__``, so it only
+    takes fields in the order model_dump writes them (its repr and iteration follow
+    that order); validation rebuilds any other order."""
+    usage = {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}
+    stored = AIMessage("x", id="a", usage_metadata=usage).model_dump()
+    fast, _ = _both("msgpack", _stored(*AI, stored))
+    assert revived[-1] is not None
+    fast, slow = _both("msgpack", _stored(*AI, dict(reversed(stored.items()))))
+    assert revived[-1] is None
+    assert _state(fast) == _state(slow)
+    assert list(fast.__dict__) == list(slow.__dict__) == list(stored)
+
+
 def test_a_message_that_will_not_decode_takes_langgraph_path(revived: list[Any]) -> None:
     good = ormsgpack.packb((*AI, FULL_AI, "model_validate_json"))
     broken = ormsgpack.packb(ormsgpack.Ext(jsonplus.EXT_PYDANTIC_V2, good[:40]))

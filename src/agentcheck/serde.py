@@ -29,6 +29,7 @@ from langgraph.checkpoint.serde import jsonplus as _jp
 from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_TYPES
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.serde.types import _DeltaSnapshot
+from pydantic import BaseModel
 
 from agentcheck._errors import CorruptDataError, UnsafeTypeError
 from agentcheck._extras import require
@@ -93,10 +94,12 @@ class SafeSerializer(JsonPlusSerializer):
         if self._fast_hook is not None and self._fast_hook[0] is slow:
             return self._fast_hook[1]
 
+        pydantic = _jp.EXT_PYDANTIC_V2
+
         def hook(code: int, payload: bytes) -> Any:
             # Only what names a message class is decoded here; anything else (and a
             # message that will not decode) goes to LangGraph's hook untouched.
-            if code == _jp.EXT_PYDANTIC_V2 and _names_a_message(payload):
+            if code == pydantic and _names_a_message(payload):
                 try:
                     tup = ormsgpack.unpackb(
                         payload, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS
@@ -169,8 +172,8 @@ class SafeSerializer(JsonPlusSerializer):
 @dataclasses.dataclass(frozen=True)
 class _MessageSpec:
     cls: type
-    fields: frozenset[str]
     type: str
+    order: tuple[str, ...]  # the fields in declaration order, as model_dump writes them
 
 
 _MESSAGE_SPECS: dict[tuple[str, str], _MessageSpec] = {}
@@ -194,7 +197,7 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
             lc.RemoveMessage,
         ):
             fields = cls.model_fields
-            spec = _MessageSpec(cls, frozenset(fields), str(fields["type"].default))
+            spec = _MessageSpec(cls, str(fields["type"].default), tuple(fields))
             _MESSAGE_SPECS[(cls.__module__, cls.__name__)] = spec
     return _MESSAGE_SPECS
 
@@ -225,7 +228,12 @@ def _plain_content(content: Any) -> bool:
     return type(content) is list and all(type(x) is str or type(x) is dict for x in content)
 
 
+_new = object.__new__
 _set = object.__setattr__
+# pydantic's slots, set through their descriptors (a little faster than __setattr__).
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _revive_message(tup: Any) -> Any:
@@ -234,8 +242,8 @@ def _revive_message(tup: Any) -> Any:
     None when that would not give exactly what validation gives.
 
     It is only done where validation is the identity: the stored fields are exactly
-    the class's fields (a message stored by another langchain-core version takes the
-    slow path), each has the exact type validation would leave unchanged (no
+    the class's fields, in the order model_dump writes them (a message stored by another
+    langchain-core version takes the slow path), each has the exact type validation would leave unchanged (no
     subclasses), and nothing is left for a validator to do (an AI message's tool calls
     are already parsed into the shape ``create_tool_call`` makes; a tool message's
     content and id are already coerced). tests/test_serde.py compares both paths field
@@ -247,15 +255,18 @@ def _revive_message(tup: Any) -> Any:
     if type(module) is not str or type(name) is not str or type(kw) is not dict:
         return None
     spec = (_MESSAGE_SPECS or _message_specs()).get((module, name))
+    if spec is None:
+        return None
+    if tuple(kw) != spec.order:  # model_dump's order: anything else is validated
+        return None
+    content, name_, id_ = kw["content"], kw["name"], kw["id"]
     if (
-        spec is None
-        or kw.keys() != spec.fields
-        or kw["type"] != spec.type
-        or not _plain_content(kw["content"])
+        kw["type"] != spec.type
+        or (type(content) is not str and not _plain_content(content))
         or type(kw["additional_kwargs"]) is not dict
         or type(kw["response_metadata"]) is not dict
-        or not _str_or_none(kw["name"])
-        or not _str_or_none(kw["id"])
+        or (name_ is not None and type(name_) is not str)
+        or (id_ is not None and type(id_) is not str)
     ):
         return None
     kind = spec.type
@@ -269,12 +280,12 @@ def _revive_message(tup: Any) -> Any:
         kind == "function" and type(kw["name"]) is not str
     ):
         return None
-    message: Any = object.__new__(spec.cls)
+    message: Any = _new(spec.cls)
     # What pydantic's model_construct sets, with the values as validation would leave them.
     _set(message, "__dict__", kw)
-    _set(message, "__pydantic_fields_set__", set(kw))
-    _set(message, "__pydantic_extra__", {})
-    _set(message, "__pydantic_private__", None)
+    _set_fields_set(message, set(kw))
+    _set_extra(message, {})
+    _set_private(message, None)
     return message
 
 
@@ -302,11 +313,17 @@ def _plain_tool_calls(kw: dict[str, Any]) -> bool:
             and all(_str_or_none(call[k]) for k in ("name", "args", "id", "error"))
         ):
             return False
-    return usage is None or (
-        type(usage) is dict
-        and all(type(usage.get(k)) is int for k in _USAGE_COUNTS)
-        and all(_int_details(usage.get(k)) for k in _USAGE_DETAILS)
-    )
+    if usage is None:
+        return True
+    if type(usage) is not dict:
+        return False
+    for key in _USAGE_COUNTS:  # loops, not all(...): this runs for every AI message
+        if type(usage.get(key)) is not int:
+            return False
+    for key in _USAGE_DETAILS:
+        if not _int_details(usage.get(key)):
+            return False
+    return True
 
 
 def _int_details(details: Any) -> bool:
