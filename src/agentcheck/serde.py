@@ -243,11 +243,11 @@ def _revive_message(tup: Any) -> Any:
 
     It is only done where validation is the identity: the stored fields are exactly
     the class's fields, in the order model_dump writes them (a message stored by another
-    langchain-core version takes the slow path), each has the exact type validation would leave unchanged (no
-    subclasses), and nothing is left for a validator to do (an AI message's tool calls
-    are already parsed into the shape ``create_tool_call`` makes; a tool message's
-    content and id are already coerced). tests/test_serde.py compares both paths field
-    by field.
+    langchain-core version takes the slow path), each has the exact type validation
+    would leave unchanged (no subclasses), and nothing is left for a validator to do (an
+    AI message's tool calls are already parsed into the shape ``create_tool_call``
+    makes; a tool message's content and id are already coerced). tests/test_serde.py
+    compares both paths field by field.
     """
     if type(tup) is not list or len(tup) < 3:
         return None
