@@ -12,6 +12,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
 from agentcheck import generate_key
+from agentcheck.savers._deltas import window_shift
 
 from savers_support import KINDS, call, is_async, open_saver, raw_sql
 
@@ -78,6 +79,30 @@ def check_history(states: list[Any], turns: int) -> None:
     for state in loops:
         n = len(state.values["messages"])
         assert contents(state) == expected(turns)[:n]
+
+
+class Loose:
+    """Equal to any other Loose with the same text, never the same object."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Loose) and other.text == self.text
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_window_shift_matches_items_by_identity_or_equality() -> None:
+    old = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(6)]
+    assert window_shift(old, old[2:] + [AIMessage("new")], 8) == 2  # the same objects
+    copies = [m.model_copy() for m in old[1:]]
+    assert window_shift(old, copies, 8) == 1  # equal objects
+    assert window_shift(old, [*old[:3], AIMessage("edited"), *old[4:]], 8) is None
+    assert window_shift(old, old[5:], 4) is None  # slid further than allowed
+    loose = [Loose("a"), Loose("b"), Loose("c")]
+    assert window_shift(loose, [Loose("b"), Loose("c"), Loose("d")], 2) == 1
+    assert window_shift((1, 2, 3), (2, 3, 4), 2) == 1  # any sequence
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -63,18 +63,19 @@ class _Latest:
     chain: tuple[str, ...]
 
 
-def _same(a: Any, b: Any) -> bool:
-    return a is b or bool(a == b)
-
-
 def window_shift(old: Sequence[Any], new: Sequence[Any], max_shift: int) -> int | None:
     """The ``d`` such that ``new`` starts with ``old[d:]`` (``old`` slid by ``d``, then
-    extended), for ``d <= max_shift`` with some overlap left; None if there is none."""
+    extended), for ``d <= max_shift`` with some overlap left; None if there is none.
+
+    Items match if they are the same object or compare equal: list equality in C, which
+    tests identity first (LangGraph passes on the very message objects it was given).
+    """
+    old, new = list(old), list(new)
     for d in range(min(max_shift, len(old) - 1) + 1):
         overlap = len(old) - d
-        if overlap > len(new) or not _same(old[d], new[0]):
+        if overlap > len(new) or not (old[d] is new[0] or old[d] == new[0]):
             continue
-        if all(_same(a, b) for a, b in zip(old[d:], new[:overlap], strict=False)):
+        if old[d:] == new[:overlap]:
             return d
     return None
 
