@@ -6,7 +6,7 @@ that executes the queries on its connection, inside one transaction per operatio
 sync or async style. So no logic and no SQL text is copied between sync and async code.
 
 SQL here uses ``?`` placeholders and only syntax that SQLite (>= 3.35) and PostgreSQL
-(>= 12) both accept; a backend may translate placeholders (PostgreSQL wants ``%s``).
+(>= 12) both accept; a backend may translate placeholders (PostgreSQL gets ``$1, $2``).
 Statements are composed from fixed fragments only: user data always travels as
 parameters, never as SQL text.
 """
