@@ -596,8 +596,8 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
         stored = await store_secrets(kind, s, thread, secrets)
         await check_secrets_read_back(kind, s, thread, secrets, stored)
 
-    # Every stored payload is encrypted; the large value compressed first (checkpoint rows,
-    # compressed otherwise, are not when encrypting).
+    # Every stored payload is encrypted; the large value compressed first (large
+    # checkpoint rows, compressed otherwise, are not when encrypting).
     def of_thread(sql: str) -> list[Any]:
         return raw_sql(kind, sqlite_path, pg_url, sql + " WHERE thread_id = ?", (thread,))
 
@@ -625,11 +625,11 @@ async def test_unencrypted_secrets_are_in_the_raw_database_control(
     ) as saver:
         stored = await store_secrets(kind, saver, thread, secrets)
         await check_secrets_read_back(kind, saver, thread, secrets, stored)
-    # All but "inline": it is inside the checkpoint's row, which is compressed when not
-    # encrypted (the test above checks that row is encrypted).
+    # All of them, "inline" too: it is inside the checkpoint's row, which is too small
+    # to be compressed (the test above checks that this row is encrypted).
     assert secrets_found_on_disk(kind, sqlite_path, pg_url, pg_server, secrets) == set(
         secrets.all()
-    ) - {"inline"}
+    )
 
 
 @pytest.mark.parametrize("reader_key", ["wrong_key", "no_key"])

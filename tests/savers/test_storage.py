@@ -170,6 +170,48 @@ async def test_ordinary_writes_keep_their_first_values_and_special_ones_are_repl
     ]
 
 
+@pytest.mark.parametrize("channels", [3, 60])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_checkpoint_rows_are_compressed_only_when_large(
+    kind: str, saver: Any, db: dict[str, str], channels: int
+) -> None:
+    """A checkpoint row of a few channels is stored as it is (compressing it costs more
+    time than its bytes are worth); one of many channels is compressed. Both read back."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    values = {f"channel-{i}": i for i in range(channels)}
+    versions = {ch: saver.get_next_version(None, None) for ch in values}
+    checkpoint = generate_checkpoint(channel_values=values)
+    checkpoint["channel_versions"] = versions
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    stored = await call(saver, "put", kind, config, checkpoint, {}, versions)
+    [(type_,)] = raw_sql(kind, **db, sql="SELECT type FROM agentcheck_checkpoints")
+    assert type_ == ("msgpack" if channels == 3 else "msgpack+z")
+    found = await call(saver, "get_tuple", kind, stored)
+    assert found.checkpoint["channel_values"] == values
+
+
+def test_versions_sort_as_strings_in_counter_order(sqlite_path: str) -> None:
+    """LangGraph compares channel versions as strings: each next version sorts after the
+    last, across digit boundaries and after a version of the official savers' form."""
+    from agentcheck.savers import SqliteSaver
+
+    with SqliteSaver.from_conn_string(sqlite_path) as saver:
+        official_form = f"{41:032}.{0.5:016}"
+        version = saver.get_next_version(official_form, None)
+        assert version > official_form and version.startswith(f"{42:016}.")
+        seen = []
+        for current in (9, 99, 10**6 - 1, 10**15 - 2):
+            seen.append(saver.get_next_version(f"{current:016}.{0:013x}", None))
+            assert seen[-1] > f"{current:016}.{2**52 - 1:013x}"
+        assert seen == sorted(seen)
+        assert saver.get_next_version(None, None).startswith(f"{1:016}.")
+        assert saver.get_next_version(7, None).startswith(f"{8:016}.")
+        randoms = {saver.get_next_version(None, None) for _ in range(1000)}
+        assert len(randoms) == 1000  # two forks do not pick the same version
+        assert {len(v) for v in randoms} == {30}
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_metadata_filter_is_answered_from_an_index(
     kind: str, sqlite_path: str, pg_url: str
