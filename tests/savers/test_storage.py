@@ -15,7 +15,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 from agentcheck.backends import postgres as pg_backend
-from agentcheck.backends.base import Later, OnCommit, Query, batch, drive
+from agentcheck.backends.base import SQL, Later, OnCommit, Query, batch, drive
 
 from savers_support import (
     KINDS,
@@ -485,11 +485,13 @@ async def test_a_later_statement_hands_its_rows_over_after_the_commit(
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if is_postgres(k)])
-async def test_a_write_of_one_statement_is_sent_without_begin_and_commit(
+async def test_a_write_of_plain_inserts_is_sent_as_one_statement(
     kind: str, saver: Any, db: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On an autocommit connection a lone statement is its own transaction: agentcheck
-    sends no BEGIN/COMMIT around it. Two statements still get them, and so stay atomic."""
+    sends no BEGIN/COMMIT around it, and joins plain inserts into different tables (a
+    task's writes and its event) into one statement, all or nothing. Statements that
+    could see each other's rows (the same table) keep BEGIN/COMMIT, and stay atomic."""
     sent: list[str] = []
     original = pg_backend._send
 
@@ -532,6 +534,58 @@ async def test_a_write_of_one_statement_is_sent_without_begin_and_commit(
     sent.clear()
     await run(lambda: (yield Query(insert, ("three", 1))))
     assert sent == [insert]
+
+    # Rows of one insert, and inserts into two tables: one statement each time.
+    sent.clear()
+    await run(lambda: (yield Query(insert, [("four", 1), ("four", 2)], many=True)))
+    assert len(sent) == 1 and sent[0].count("), (") == 1, sent
+
+    def event(kind_: str | None) -> tuple[Any, ...]:
+        return (
+            "r5",
+            "2026-01-01",
+            kind_,
+            "end",
+            "n",
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+    def write_and_event(kind_: str | None) -> Any:
+        def op() -> Any:
+            yield Query(insert, [("five", 1), ("five", 2)], many=True)
+            yield Query(saver.sql.INSERT_EVENT, event(kind_))
+
+        return op
+
+    sent.clear()
+    with pytest.raises(psycopg.errors.NotNullViolation):
+        await run(write_and_event(None))  # the event fails: the writes are not stored
+    assert len(sent) == 1 and sent[0].startswith("WITH "), sent
+    assert raw_sql(kind, **db, sql="SELECT 1 FROM agentcheck_writes WHERE thread_id = 'five'") == []
+    await run(write_and_event("node"))
+    assert (
+        len(raw_sql(kind, **db, sql="SELECT 1 FROM agentcheck_writes WHERE thread_id = 'five'"))
+        == 2
+    )
+    assert raw_sql(kind, **db, sql="SELECT kind FROM agentcheck_events WHERE run_id = 'r5'") == [
+        ("node",)
+    ]
+
+
+def test_only_plain_inserts_into_different_tables_are_joined() -> None:
+    write, event = SQL.INSERT_WRITE_IF_ABSENT, SQL.INSERT_EVENT
+    assert pg_backend._joined_inserts(((write, 2), (event, 0))) is not None
+    assert pg_backend._joined_inserts(((event, 0), (event, 0))) is None  # same table
+    assert pg_backend._joined_inserts(((SQL.UPSERT_WRITE, 0), (event, 0))) is None  # DO UPDATE
+    assert pg_backend._joined_inserts(((SQL.START_RUN, 0), (write, 0))) is None  # RETURNING
+    assert pg_backend._joined_inserts(((SQL.DELETE_TERMS_OF, 0), (write, 0))) is None
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -298,6 +299,56 @@ def _framed(make_op: Callable[[], Operation[T]], explicit: bool) -> Operation[T]
 _BEGIN, _COMMIT = Query("BEGIN"), Query("COMMIT")
 
 
+def _one_statement(queries: Sequence[Query]) -> Query | None:
+    """The queries as one statement, if that changes nothing: one query of one row, or
+    plain ``INSERT ... VALUES`` statements into different tables (no RETURNING, no DO
+    UPDATE), joined as data-modifying CTEs. Parts of one statement share a snapshot and
+    none sees another's rows, which only matters for statements on the same table."""
+    if len(queries) == 1 and (not queries[0].many or len(queries[0].params) == 1):
+        query = queries[0]
+        return Query(query.sql, query.params[0]) if query.many else query
+    shape = tuple((q.sql, len(q.params) if q.many else 0) for q in queries)
+    sql = _joined_inserts(shape)
+    if sql is None:
+        return None
+    params: list[Any] = []
+    for query in queries:
+        if query.many:
+            for row in query.params:
+                params.extend(row)
+        else:
+            params.extend(query.params)
+    return Query(sql, params)
+
+
+@lru_cache(maxsize=256)
+def _joined_inserts(shape: tuple[tuple[str, int], ...]) -> str | None:
+    """``WITH s1 AS (insert 1), ... insert n`` for inserts of ``(sql, rows)`` (rows 0: a
+    single statement; n: one statement of n rows), or None if they are not all plain
+    inserts into different tables."""
+    tables: set[str] = set()
+    parts: list[str] = []
+    for sql, rows in shape:
+        match = _PLAIN_INSERT.match(sql)
+        if match is None or "RETURNING" in sql or "DO UPDATE" in sql:
+            return None
+        table, group = match.group(1), match.group(2)
+        if table in tables:
+            return None
+        tables.add(table)
+        if rows:
+            sql = sql.replace(group, ", ".join([group] * rows), 1)
+        parts.append(sql)
+    if len(parts) == 1:
+        return parts[0]
+    ctes = ", ".join(f"s{i} AS ({part})" for i, part in enumerate(parts[:-1]))
+    return f"WITH {ctes} {parts[-1]}"
+
+
+# INSERT INTO table (columns) VALUES (one group of values, no parentheses inside) ...
+_PLAIN_INSERT = re.compile(r"INSERT INTO (\w+) \([^()]*\) VALUES (\([^()]*\))(?: |$)")
+
+
 def _in_transaction(conn: Any) -> bool:
     """Whether the connection is inside a transaction (or one that failed)."""
     status = _psycopg().pq.TransactionStatus
@@ -323,17 +374,23 @@ class _Held:
         self.late: list[tuple[Any, Rows]] = []  # (cursor, rows) of Later statements
 
     def take_held(self) -> list[tuple[Query, Any]]:
-        """The held statements, to send now. A write of one statement goes without the
-        BEGIN and COMMIT that frame it: on an autocommit connection a lone statement is
-        a transaction of its own, and the server then runs one statement, not three."""
+        """The held statements, to send now.
+
+        A whole write made of plain inserts into different tables (a task's writes and
+        its journal event, say) goes as one statement, without the BEGIN and COMMIT that
+        frame it: on an autocommit connection a lone statement is a transaction of its
+        own, all or nothing, and the server runs one statement instead of four or five.
+        """
         held, self.held = self.held, []
         if (
-            len(held) == 3
+            len(held) >= 3
             and held[0][0] is _BEGIN
-            and held[2][0] is _COMMIT
-            and (not held[1][0].many or len(held[1][0].params) == 1)
+            and held[-1][0] is _COMMIT
+            and all(cur is self.cur for _, cur in held[1:-1])  # no Later among them
         ):
-            return held[1:2]
+            one = _one_statement([query for query, _ in held[1:-1]])
+            if one is not None:
+                return [(one, self.cur)]
         return held
 
     def execute_later(self, query: Query) -> Callable[[], Rows]:
