@@ -579,13 +579,49 @@ async def test_a_write_of_plain_inserts_is_sent_as_one_statement(
     ]
 
 
-def test_only_plain_inserts_into_different_tables_are_joined() -> None:
-    write, event = SQL.INSERT_WRITE_IF_ABSENT, SQL.INSERT_EVENT
-    assert pg_backend._joined_inserts(((write, 2), (event, 0))) is not None
-    assert pg_backend._joined_inserts(((event, 0), (event, 0))) is None  # same table
-    assert pg_backend._joined_inserts(((SQL.UPSERT_WRITE, 0), (event, 0))) is None  # DO UPDATE
-    assert pg_backend._joined_inserts(((SQL.START_RUN, 0), (write, 0))) is None  # RETURNING
-    assert pg_backend._joined_inserts(((SQL.DELETE_TERMS_OF, 0), (write, 0))) is None
+@pytest.mark.parametrize("kind", [k for k in KINDS if is_postgres(k)])
+async def test_a_put_in_the_middle_of_a_run_is_one_statement(
+    kind: str, saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint row, its values and its index terms go as one statement once the
+    run is started (starting or ending it adds statements whose answers are read)."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+
+    sent: list[str] = []
+    original = pg_backend._send
+    monkeypatch.setattr(
+        pg_backend, "_send", lambda cur, q: (sent.append(q.sql), original(cur, q))[1]
+    )
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    for step in range(3):
+        checkpoint = generate_checkpoint(channel_values={"big": "x" * 1000, "n": step})
+        versions = {ch: saver.get_next_version(None, None) for ch in ("big", "n")}
+        checkpoint["channel_versions"] = versions
+        metadata = {"source": "input" if step == 0 else "update", "step": step, "who": "me"}
+        sent.clear()
+        config = await call(saver, "put", kind, config, checkpoint, metadata, versions)
+        if step == 0:
+            assert "BEGIN" in sent  # the run starts: its answer is read after the commit
+    assert len(sent) == 1 and sent[0].startswith("WITH "), sent
+    found = await collect(saver, "list", kind, None, filter={"who": "me", "step": 2})
+    assert [t.checkpoint["channel_values"]["n"] for t in found] == [2]
+
+
+def test_only_statements_that_cannot_see_each_other_are_joined() -> None:
+    """PostgreSQL joins a write's statements into one only when running them as parts
+    of one statement (one snapshot, no part seeing another's changes) changes nothing."""
+    write, event, terms = SQL.INSERT_WRITE_IF_ABSENT, SQL.INSERT_EVENT, SQL.INSERT_TERM
+    joined = pg_backend._joined
+    assert joined(((write, 2, False), (event, 0, False))) is not None
+    assert joined(((SQL.UPSERT_CHECKPOINT, 0, False), (event, 0, False))) is not None
+    assert joined(((event, 0, False), (event, 0, False))) is None  # the same table
+    assert joined(((SQL.UPSERT_WRITE, 2, False), (event, 0, False))) is None  # a row twice
+    assert joined(((SQL.START_RUN, 0, False), (write, 0, False))) is None  # RETURNING
+    assert joined(((SQL.DELETE_TERMS_OF, 0, False), (terms, 3, False))) is None
+    assert joined(((SQL.DELETE_TERMS_OF, 0, True), (terms, 3, False))) is not None  # disjoint
+    assert joined(((SQL.DELETE_TERMS_OF, 0, True), (terms, 3, False), (terms, 1, False))) is None
+    reads = "DELETE FROM agentcheck_blobs WHERE version IN (SELECT version FROM agentcheck_writes)"
+    assert joined(((write, 0, False), (reads, 0, False))) is None  # reads another table
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

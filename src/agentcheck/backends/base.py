@@ -48,12 +48,16 @@ class Query:
         params: parameters, or a sequence of parameter rows when ``many`` is set.
         many: execute once per parameter row (executemany).
         fetch: return the result rows.
+        disjoint: the statement touches no row that a later statement of the same
+            operation touches (a delete of the rows an insert will not write again):
+            a backend may run them as parts of one statement.
     """
 
     sql: str
     params: Sequence[Any] = field(default_factory=tuple)
     many: bool = False
     fetch: bool = False
+    disjoint: bool = False
 
 
 @dataclass(frozen=True, slots=True)

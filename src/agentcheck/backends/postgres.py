@@ -300,15 +300,19 @@ _BEGIN, _COMMIT = Query("BEGIN"), Query("COMMIT")
 
 
 def _one_statement(queries: Sequence[Query]) -> Query | None:
-    """The queries as one statement, if that changes nothing: one query of one row, or
-    plain ``INSERT ... VALUES`` statements into different tables (no RETURNING, no DO
-    UPDATE), joined as data-modifying CTEs. Parts of one statement share a snapshot and
-    none sees another's rows, which only matters for statements on the same table."""
+    """The queries as one statement, if that changes nothing, else None.
+
+    One query of one row is sent as it is. Plain inserts (``VALUES``; DO UPDATE for one
+    row only) and deletes, none reading another table or returning rows, are joined as
+    data-modifying CTEs. The parts of one statement share a snapshot and none sees
+    another's changes, so two of them may touch the same table only if the earlier one
+    is marked ``disjoint`` (see Query).
+    """
     if len(queries) == 1 and (not queries[0].many or len(queries[0].params) == 1):
         query = queries[0]
         return Query(query.sql, query.params[0]) if query.many else query
-    shape = tuple((q.sql, len(q.params) if q.many else 0) for q in queries)
-    sql = _joined_inserts(shape)
+    shape = tuple((q.sql, len(q.params) if q.many else 0, q.disjoint) for q in queries)
+    sql = _joined(shape)
     if sql is None:
         return None
     params: list[Any] = []
@@ -322,22 +326,28 @@ def _one_statement(queries: Sequence[Query]) -> Query | None:
 
 
 @lru_cache(maxsize=256)
-def _joined_inserts(shape: tuple[tuple[str, int], ...]) -> str | None:
-    """``WITH s1 AS (insert 1), ... insert n`` for inserts of ``(sql, rows)`` (rows 0: a
-    single statement; n: one statement of n rows), or None if they are not all plain
-    inserts into different tables."""
-    tables: set[str] = set()
+def _joined(shape: tuple[tuple[str, int, bool], ...]) -> str | None:
+    """``WITH s0 AS (part 0), ... part n`` for statements of ``(sql, rows, disjoint)``
+    (rows 0: a single statement; n: an insert of n rows), or None (see _one_statement)."""
     parts: list[str] = []
-    for sql, rows in shape:
-        match = _PLAIN_INSERT.match(sql)
-        if match is None or "RETURNING" in sql or "DO UPDATE" in sql:
+    touched: dict[str, bool] = {}  # table -> whether every statement on it so far is disjoint
+    for sql, rows, disjoint in shape:
+        if "RETURNING" in sql or "SELECT" in sql:
+            return None  # an answer to read, or a read of rows another part may change
+        insert, delete = _PLAIN_INSERT.match(sql), _PLAIN_DELETE.match(sql)
+        if insert is not None:
+            table, group = insert.group(1), insert.group(2)
+            if "DO UPDATE" in sql and rows > 1:
+                return None  # one statement may not update a row twice
+            if rows:
+                sql = sql.replace(group, ", ".join([group] * rows), 1)
+        elif delete is not None and not rows:
+            table = delete.group(1)
+        else:
             return None
-        table, group = match.group(1), match.group(2)
-        if table in tables:
+        if table in touched and not touched[table]:
             return None
-        tables.add(table)
-        if rows:
-            sql = sql.replace(group, ", ".join([group] * rows), 1)
+        touched[table] = touched.get(table, True) and disjoint
         parts.append(sql)
     if len(parts) == 1:
         return parts[0]
@@ -347,6 +357,7 @@ def _joined_inserts(shape: tuple[tuple[str, int], ...]) -> str | None:
 
 # INSERT INTO table (columns) VALUES (one group of values, no parentheses inside) ...
 _PLAIN_INSERT = re.compile(r"INSERT INTO (\w+) \([^()]*\) VALUES (\([^()]*\))(?: |$)")
+_PLAIN_DELETE = re.compile(r"DELETE FROM (\w+) WHERE ")
 
 
 def _in_transaction(conn: Any) -> bool:

@@ -265,9 +265,20 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             self.sql.UPSERT_CHECKPOINT,
             (*key, parent_id, run_term, cp_type, cp_data, meta_type, meta_data),
         )
-        yield Query(self.sql.DELETE_TERMS_OF, key)
-        if terms:
+        if 0 < len(terms) <= _CHUNK:
+            # The terms it had and no longer has (a checkpoint stored again), then the
+            # new ones: different rows (see Query.disjoint).
+            kept = [term for *_, term in terms]
+            yield Query(
+                self.sql.DELETE_TERMS_OF + f" AND term NOT IN ({in_list(len(kept))})",
+                (*key, *kept),
+                disjoint=True,
+            )
             yield Query(self.sql.INSERT_TERM, terms, many=True)
+        else:
+            yield Query(self.sql.DELETE_TERMS_OF, key)
+            if terms:
+                yield Query(self.sql.INSERT_TERM, terms, many=True)
         for after in remember:
             yield OnCommit(after)
         if self.journal_nodes:
