@@ -607,6 +607,23 @@ async def test_a_put_in_the_middle_of_a_run_is_one_statement(
     assert [t.checkpoint["channel_values"]["n"] for t in found] == [2]
 
 
+@pytest.mark.parametrize("kind", [k for k in KINDS if is_postgres(k)])
+async def test_a_write_of_more_parameters_than_one_statement_takes_is_stored(
+    kind: str, saver: Any
+) -> None:
+    """Rows are joined into one statement only up to PostgreSQL's 65,535 parameters: a
+    task writing 8,000 Sends (9 parameters each) is stored row by row, as before."""
+    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
+    from langgraph.types import Send
+
+    config: Any = {"configurable": {"thread_id": "fan-out", "checkpoint_ns": ""}}
+    stored = await call(saver, "put", kind, config, generate_checkpoint(), {}, {})
+    sends = [("__pregel_tasks", Send("work", {"i": i})) for i in range(8000)]
+    await call(saver, "put_writes", kind, stored, sends, "task-1")
+    found = await call(saver, "get_tuple", kind, stored)
+    assert [w[2].arg["i"] for w in found.pending_writes] == list(range(8000))
+
+
 def test_only_statements_that_cannot_see_each_other_are_joined() -> None:
     """PostgreSQL joins a write's statements into one only when running them as parts
     of one statement (one snapshot, no part seeing another's changes) changes nothing."""

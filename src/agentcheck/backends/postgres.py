@@ -311,6 +311,11 @@ def _one_statement(queries: Sequence[Query]) -> Query | None:
     if len(queries) == 1 and (not queries[0].many or len(queries[0].params) == 1):
         query = queries[0]
         return Query(query.sql, query.params[0]) if query.many else query
+    if any(q.many and not q.params for q in queries):
+        return None
+    count = sum(len(q.params) * len(q.params[0]) if q.many else len(q.params) for q in queries)
+    if count > _MAX_PARAMS:
+        return None  # PostgreSQL takes at most 65,535 parameters in one statement
     shape = tuple((q.sql, len(q.params) if q.many else 0, q.disjoint) for q in queries)
     sql = _joined(shape)
     if sql is None:
@@ -323,6 +328,9 @@ def _one_statement(queries: Sequence[Query]) -> Query | None:
         else:
             params.extend(query.params)
     return Query(sql, params)
+
+
+_MAX_PARAMS = 65535
 
 
 @lru_cache(maxsize=256)
