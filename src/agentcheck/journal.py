@@ -317,10 +317,10 @@ class JournalOps:
             params = (ts, ts, run_id, *self._event_row(event)[1:])
             yield Later(Query(self.sql.MARK_SUCCEEDED_LOGGED, params, fetch=True), applied)
             return None
-        rows = yield Query(self.sql.MARK_SUCCEEDED, (ts, ts, run_id), fetch=True)
-        if rows:
+        if (yield Query(self.sql.MARK_SUCCEEDED, (ts, ts, run_id), fetch=True)):
             yield from self.log(event)
-            yield OnCommit(lambda: applied(rows))
+            if on_applied is not None:
+                yield OnCommit(on_applied)
         return None
 
     def set_run_status(

@@ -259,14 +259,13 @@ def _revive_message(tup: Any) -> Any:
         return None
     if tuple(kw) != spec.order:  # model_dump's order: anything else is validated
         return None
-    content, name_, id_ = kw["content"], kw["name"], kw["id"]
     if (
         kw["type"] != spec.type
-        or (type(content) is not str and not _plain_content(content))
+        or not _plain_content(kw["content"])
         or type(kw["additional_kwargs"]) is not dict
         or type(kw["response_metadata"]) is not dict
-        or (name_ is not None and type(name_) is not str)
-        or (id_ is not None and type(id_) is not str)
+        or not _str_or_none(kw["name"])
+        or not _str_or_none(kw["id"])
     ):
         return None
     kind = spec.type

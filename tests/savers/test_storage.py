@@ -484,14 +484,8 @@ async def test_a_later_statement_hands_its_rows_over_after_the_commit(
         assert [tuple(r) for r in stored] == [(7,), (8,)]
 
 
-@pytest.mark.parametrize("kind", [k for k in KINDS if is_postgres(k)])
-async def test_a_write_of_plain_inserts_is_sent_as_one_statement(
-    kind: str, saver: Any, db: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On an autocommit connection a lone statement is its own transaction: agentcheck
-    sends no BEGIN/COMMIT around it, and joins plain inserts into different tables (a
-    task's writes and its event) into one statement, all or nothing. Statements that
-    could see each other's rows (the same table) keep BEGIN/COMMIT, and stay atomic."""
+def _sent_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The SQL of every statement the PostgreSQL runners send from now on, in order."""
     sent: list[str] = []
     original = pg_backend._send
 
@@ -500,6 +494,18 @@ async def test_a_write_of_plain_inserts_is_sent_as_one_statement(
         return original(cur, query)
 
     monkeypatch.setattr(pg_backend, "_send", recording)
+    return sent
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if is_postgres(k)])
+async def test_a_write_of_plain_inserts_is_sent_as_one_statement(
+    kind: str, saver: Any, db: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an autocommit connection a lone statement is its own transaction: agentcheck
+    sends no BEGIN/COMMIT around it, and joins plain inserts into different tables (a
+    task's writes and its event) into one statement, all or nothing. Statements that
+    could see each other's rows (the same table) keep BEGIN/COMMIT, and stay atomic."""
+    sent = _sent_statements(monkeypatch)
     insert = (
         "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
         "idx, channel, type, blob, task_path) VALUES (?, '', 'c', 't', ?, 'x', 'null', NULL, '')"
@@ -587,11 +593,7 @@ async def test_a_put_in_the_middle_of_a_run_is_one_statement(
     run is started (starting or ending it adds statements whose answers are read)."""
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
-    sent: list[str] = []
-    original = pg_backend._send
-    monkeypatch.setattr(
-        pg_backend, "_send", lambda cur, q: (sent.append(q.sql), original(cur, q))[1]
-    )
+    sent = _sent_statements(monkeypatch)
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     for step in range(3):
         checkpoint = generate_checkpoint(channel_values={"big": "x" * 1000, "n": step})

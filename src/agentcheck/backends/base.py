@@ -101,12 +101,22 @@ Operation = Generator[Step, Any, T]
 ExecuteLater = Callable[[Query], Callable[[], Rows]]
 
 
-def _now_rows(rows: Rows) -> Callable[[], Rows]:
-    return lambda: rows
+def _sent_now(execute: Callable[[Query], Rows]) -> ExecuteLater:
+    """An ``execute_later`` that runs the statement at once (SQLite: no round trips)."""
+
+    def send(query: Query) -> Callable[[], Rows]:
+        rows = execute(query)
+        return lambda: rows
+
+    return send
 
 
-def _on_commit_with_rows(later: Later, rows: Callable[[], Rows]) -> Callable[[], None]:
-    return lambda: later.callback(rows())
+def _after_commit(step: OnCommit | Later, execute_later: ExecuteLater) -> Callable[[], None]:
+    """What to run once the transaction has committed; a Later's statement is sent now."""
+    if isinstance(step, OnCommit):
+        return step.callback
+    rows = execute_later(step.query)
+    return lambda: step.callback(rows())
 
 
 def batch(queries: Sequence[Query]) -> Generator[Step, Any, list[Rows]]:
@@ -133,21 +143,14 @@ def drive(
     they run when the operation ends.
     """
     callbacks: list[Callable[[], None]] = [] if on_commit is None else on_commit
+    later = execute_later or _sent_now(execute)
     try:
         step = next(op)
         while True:
             if isinstance(step, Query):
                 step = op.send(execute(step))
-            elif isinstance(step, OnCommit):
-                callbacks.append(step.callback)
-                step = op.send(None)
-            elif isinstance(step, Later):
-                rows = (
-                    execute_later(step.query)
-                    if execute_later is not None
-                    else _now_rows(execute(step.query))
-                )
-                callbacks.append(_on_commit_with_rows(step, rows))
+            elif isinstance(step, OnCommit | Later):
+                callbacks.append(_after_commit(step, later))
                 step = op.send(None)
             elif execute_batch is not None:
                 step = op.send(execute_batch(step.queries))
@@ -167,25 +170,19 @@ async def adrive(
     execute: Callable[[Query], Awaitable[Rows]],
     execute_batch: Callable[[Sequence[Query]], Awaitable[list[Rows]]] | None = None,
     on_commit: list[Callable[[], None]] | None = None,
-    execute_later: ExecuteLater | None = None,
+    *,
+    execute_later: ExecuteLater,
 ) -> T:
-    """Run an operation to completion with an asynchronous ``execute`` (see :func:`drive`)."""
+    """Run an operation to completion with an asynchronous ``execute`` (see :func:`drive`;
+    here ``execute_later`` is required: it only queues a statement, it never waits)."""
     callbacks: list[Callable[[], None]] = [] if on_commit is None else on_commit
     try:
         step = next(op)
         while True:
             if isinstance(step, Query):
                 step = op.send(await execute(step))
-            elif isinstance(step, OnCommit):
-                callbacks.append(step.callback)
-                step = op.send(None)
-            elif isinstance(step, Later):
-                rows = (
-                    execute_later(step.query)
-                    if execute_later is not None
-                    else _now_rows(await execute(step.query))
-                )
-                callbacks.append(_on_commit_with_rows(step, rows))
+            elif isinstance(step, OnCommit | Later):
+                callbacks.append(_after_commit(step, execute_later))
                 step = op.send(None)
             elif execute_batch is not None:
                 step = op.send(await execute_batch(step.queries))
@@ -236,6 +233,8 @@ class SQL:
         "DELETE FROM agentcheck_metadata_terms "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
     )
+    # The terms a checkpoint stored again no longer has ({terms}: the ones it has now).
+    DELETE_TERMS_EXCEPT = DELETE_TERMS_OF + " AND term NOT IN ({terms})"
     INSERT_TERM = (
         "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
         "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"

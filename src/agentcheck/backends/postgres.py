@@ -395,10 +395,10 @@ class _Held:
     def take_held(self) -> list[tuple[Query, Any]]:
         """The held statements, to send now.
 
-        A whole write made of plain inserts into different tables (a task's writes and
-        its journal event, say) goes as one statement, without the BEGIN and COMMIT that
-        frame it: on an autocommit connection a lone statement is a transaction of its
-        own, all or nothing, and the server runs one statement instead of four or five.
+        A whole write whose statements can be one (see :func:`_one_statement`) goes as
+        one, without the BEGIN and COMMIT that frame it: on an autocommit connection a
+        lone statement is a transaction of its own, all or nothing, and the server runs
+        one statement instead of four or five.
         """
         held, self.held = self.held, []
         if (

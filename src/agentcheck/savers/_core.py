@@ -269,16 +269,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             # The terms it had and no longer has (a checkpoint stored again), then the
             # new ones: different rows (see Query.disjoint).
             kept = [term for *_, term in terms]
-            yield Query(
-                self.sql.DELETE_TERMS_OF + f" AND term NOT IN ({in_list(len(kept))})",
-                (*key, *kept),
-                disjoint=True,
-            )
-            yield Query(self.sql.INSERT_TERM, terms, many=True)
+            delete = self.sql.DELETE_TERMS_EXCEPT.format(terms=in_list(len(kept)))
+            yield Query(delete, (*key, *kept), disjoint=True)
         else:
             yield Query(self.sql.DELETE_TERMS_OF, key)
-            if terms:
-                yield Query(self.sql.INSERT_TERM, terms, many=True)
+        if terms:
+            yield Query(self.sql.INSERT_TERM, terms, many=True)
         for after in remember:
             yield OnCommit(after)
         if self.journal_nodes:
