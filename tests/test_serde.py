@@ -26,7 +26,8 @@ from langgraph.types import Send
 from pydantic import BaseModel
 
 from agentcheck import serde as serde_module
-from agentcheck.serde import SafeSerializer
+from agentcheck._errors import CorruptDataError, UnsafeTypeError
+from agentcheck.serde import MESSAGE_LIST, SafeSerializer
 
 MESSAGES: list[BaseMessage] = [
     HumanMessage("hello", id="h1"),
@@ -115,48 +116,49 @@ AI = ("langchain_core.messages.ai", "AIMessage")
 FULL_AI: dict[str, Any] = AIMessage("x", id="a").model_dump()
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        # stored by an older langchain-core: a field missing (validation fills the default)
-        {k: v for k, v in FULL_AI.items() if k != "usage_metadata"},
-        # a field this version does not know (validation keeps it as an extra)
-        {**FULL_AI, "future_field": 1},
-        # raw provider tool calls only: validation parses them
-        {
-            **FULL_AI,
-            "additional_kwargs": {
-                "tool_calls": [
-                    {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-                ]
-            },
+# Stored messages that pydantic validation would change: the fast path declines them.
+CHANGED_BY_VALIDATION: list[dict[str, Any]] = [
+    # stored by an older langchain-core: a field missing (validation fills the default)
+    {k: v for k, v in FULL_AI.items() if k != "usage_metadata"},
+    # a field this version does not know (validation keeps it as an extra)
+    {**FULL_AI, "future_field": 1},
+    # raw provider tool calls only: validation parses them
+    {
+        **FULL_AI,
+        "additional_kwargs": {
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ]
         },
-        # a tool call without its "type": validation adds it
-        {**FULL_AI, "tool_calls": [{"name": "f", "args": {}, "id": "c"}]},
-        # content of another type: validation refuses or converts it
-        {**FULL_AI, "content": 7},
-        {**FULL_AI, "type": "human"},
-        # token details that validation turns into whole numbers
-        {
-            **FULL_AI,
-            "usage_metadata": {
-                "input_tokens": 1,
-                "output_tokens": 1,
-                "total_tokens": 2,
-                "input_token_details": {"cache_read": 2.0},
-            },
+    },
+    # a tool call without its "type": validation adds it
+    {**FULL_AI, "tool_calls": [{"name": "f", "args": {}, "id": "c"}]},
+    # content of another type: validation refuses or converts it
+    {**FULL_AI, "content": 7},
+    {**FULL_AI, "type": "human"},
+    # token details that validation turns into whole numbers
+    {
+        **FULL_AI,
+        "usage_metadata": {
+            "input_tokens": 1,
+            "output_tokens": 1,
+            "total_tokens": 2,
+            "input_token_details": {"cache_read": 2.0},
         },
-    ],
-    ids=[
-        "missing-field",
-        "extra-field",
-        "raw-tool-calls",
-        "untyped-call",
-        "int-content",
-        "type",
-        "float-details",
-    ],
-)
+    },
+]
+CHANGED_BY_VALIDATION_IDS = [
+    "missing-field",
+    "extra-field",
+    "raw-tool-calls",
+    "untyped-call",
+    "int-content",
+    "type",
+    "float-details",
+]
+
+
+@pytest.mark.parametrize("kwargs", CHANGED_BY_VALIDATION, ids=CHANGED_BY_VALIDATION_IDS)
 def test_anything_validation_would_change_takes_langgraph_path(
     kwargs: dict[str, Any], revived: list[Any]
 ) -> None:
@@ -247,3 +249,112 @@ def test_random_messages_read_back_as_validation_gives_them(
     # ... and it was the fast path that built it (validation would change nothing here).
     ext = ormsgpack.unpackb(data, ext_hook=lambda code, payload: payload)
     assert serde_module._revive_message(ormsgpack.unpackb(ext)) is not None
+
+
+# -- lists of messages, stored in one piece ----------------------------------------------
+
+
+def _langgraph_reads(value: Any) -> Any:
+    """What LangGraph's own serializer gives back for ``value`` in its own format."""
+    serializer = JsonPlusSerializer(pickle_fallback=False)
+    return serializer.loads_typed(serializer.dumps_typed(value))
+
+
+def test_a_list_of_messages_is_stored_in_one_piece_and_reads_back_as_langgraph_gives_it(
+    revived: list[Any],
+) -> None:
+    type_, data = SafeSerializer().dumps_typed(MESSAGES)
+    assert type_ == MESSAGE_LIST
+    back = SafeSerializer().loads_typed((type_, data))
+    expected = _langgraph_reads(MESSAGES)
+    assert back == expected == MESSAGES
+    assert [_state(m) for m in back] == [_state(m) for m in expected]
+    assert len(revived) == len(MESSAGES) and all(m is not None for m in revived)
+    again = SafeSerializer().loads_typed((type_, data))
+    assert all(a is not b for a, b in zip(back, again, strict=True))  # fresh objects each read
+
+
+class MyAI(AIMessage):
+    pass
+
+
+def test_other_lists_keep_langgraph_format() -> None:
+    serializer = SafeSerializer(allowed_types=[MyAI])
+    for value in ([], [HumanMessage("a"), "text"], [MyAI("sub")], [{"m": HumanMessage("a")}]):
+        type_, data = serializer.dumps_typed(value)
+        assert type_ == "msgpack"
+        assert serializer.loads_typed((type_, data)) == value
+
+
+def _message_list(*rows: Any) -> bytes:
+    return ormsgpack.packb(list(rows))
+
+
+@pytest.mark.parametrize("kwargs", CHANGED_BY_VALIDATION, ids=CHANGED_BY_VALIDATION_IDS)
+def test_a_listed_message_validation_would_change_is_validated(
+    kwargs: dict[str, Any], revived: list[Any]
+) -> None:
+    fast = SafeSerializer().loads_typed((MESSAGE_LIST, _message_list([*AI, kwargs])))
+    assert revived == [None]
+    slow = JsonPlusSerializer(pickle_fallback=False).loads_typed(("msgpack", _stored(*AI, kwargs)))
+    assert len(fast) == 1 and type(fast[0]) is type(slow)
+    assert _state(fast[0]) == _state(slow)
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        (ormsgpack.packb({"not": "a list"}), "is not a list"),
+        (_message_list("text"), "holds str"),
+        (_message_list(["os", "system", {"command": "x"}]), "'os'.'system'"),
+        (_message_list([*AI, FULL_AI], ["builtins", "dict", {}]), "'builtins'.'dict'"),
+    ],
+    ids=["not-a-list", "not-a-row", "other-class", "second-row"],
+)
+def test_a_corrupt_message_list_is_refused_with_what_is_wrong(data: bytes, named: str) -> None:
+    with pytest.raises(CorruptDataError, match=named):
+        SafeSerializer().loads_typed((MESSAGE_LIST, data))
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize("container", [list, lambda m: {"m": m}], ids=["list", "in-a-dict"])
+def test_a_message_holding_an_unsafe_value_is_refused_on_write(container: Any) -> None:
+    message = AIMessage("x", additional_kwargs={"o": Opaque()})
+    with pytest.raises(UnsafeTypeError, match="Opaque"):
+        SafeSerializer().dumps_typed(
+            container([message]) if container is list else container(message)
+        )
+
+
+def test_a_message_in_another_value_is_stored_as_langgraph_stores_it() -> None:
+    value = {"m": AIMessage("x", id="1", tool_calls=[{"name": "f", "args": {}, "id": "c"}])}
+    assert SafeSerializer().dumps_typed(value) == JsonPlusSerializer().dumps_typed(value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    contents=st.lists(
+        st.one_of(text, st.lists(st.one_of(text, json_dict), max_size=3)), min_size=1, max_size=4
+    ),
+    extra=json_dict,
+    calls=tool_calls,
+)
+def test_random_message_lists_read_back_as_langgraph_gives_them(
+    contents: list[Any], extra: Any, calls: Any
+) -> None:
+    messages: list[BaseMessage] = []
+    for i, content in enumerate(contents):
+        if i % 3 == 0:
+            messages.append(HumanMessage(content, response_metadata=extra))
+        elif i % 3 == 1:
+            messages.append(AIMessage(content, additional_kwargs=extra, tool_calls=calls))
+        else:
+            messages.append(ToolMessage(content, tool_call_id="c", artifact=extra))
+    type_, data = SafeSerializer().dumps_typed(messages)
+    assert type_ == MESSAGE_LIST
+    back = SafeSerializer().loads_typed((type_, data))
+    expected = _langgraph_reads(messages)
+    assert [_state(m) for m in back] == [_state(m) for m in expected]

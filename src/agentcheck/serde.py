@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from agentcheck._errors import CorruptDataError, UnsafeTypeError
 from agentcheck._extras import require
 
-__all__ = ["Codec", "SafeSerializer", "generate_key"]
+__all__ = ["Codec", "MESSAGE_LIST", "SafeSerializer", "generate_key"]
 
 _ENV_KEY = "AGENTCHECK_ENCRYPTION_KEY"
 # LangGraph's msgpack options, but refusing lone surrogates instead of writing "?".
@@ -42,6 +42,12 @@ _EXACT_TEXT_OPTION = _jp._option & ~ormsgpack.OPT_REPLACE_SURROGATES
 _COMPRESSED = "+z"
 _ENCRYPTED = "+aes"
 _NONCE_BYTES = 12
+# Type tag of a list of LangChain messages stored as msgpack ``[[module, name, fields],
+# ...]`` (fields as ``model_dump`` gives them): what LangGraph's format stores for each
+# message, minus its per-message envelope, so the whole list is packed and unpacked in
+# one call. A chat's ``messages`` channel is such a list; it reads ~20% and writes ~2.5x
+# faster this way (docs/savers.md, "Storage").
+MESSAGE_LIST = "msgpack-messages"
 
 
 class SafeSerializer(JsonPlusSerializer):
@@ -67,6 +73,9 @@ class SafeSerializer(JsonPlusSerializer):
         refused: list[UnsafeTypeError] = []
         option = _EXACT_TEXT_OPTION if exact_text else _jp._option
         try:
+            if type(obj) is list and obj and _all_messages(obj):
+                rows = [[type(m).__module__, type(m).__name__, m.model_dump()] for m in obj]
+                return MESSAGE_LIST, self._pack(rows, refused, option)
             return "msgpack", self._pack(obj, refused, option)
         except ormsgpack.MsgpackEncodeError as exc:
             # ormsgpack drops the exception raised by `default`; keep ours by hand.
@@ -80,6 +89,13 @@ class SafeSerializer(JsonPlusSerializer):
             return ormsgpack.unpackb(
                 data[1], ext_hook=self._ext_hook(), option=ormsgpack.OPT_NON_STR_KEYS
             )
+        if type_ == MESSAGE_LIST:
+            rows = ormsgpack.unpackb(
+                data[1], ext_hook=self._ext_hook(), option=ormsgpack.OPT_NON_STR_KEYS
+            )
+            if type(rows) is not list:
+                raise CorruptDataError("a stored message list is not a list")
+            return [_revive_message(row) or _validated_message(row) for row in rows]
         if type_ not in ("null", "bytes", "bytearray", "json"):
             # "pickle" lands here too: stored pickles are never executed.
             raise CorruptDataError(f"unknown serialization type tag {type_!r}")
@@ -136,6 +152,20 @@ class SafeSerializer(JsonPlusSerializer):
                 _jp.EXT_CONSTRUCTOR_KW_ARGS,
                 self._pack((type(obj).__module__, type(obj).__name__, fields), refused, option),
             )
+        if isinstance(obj, BaseModel):  # LangGraph's layout, with the fields checked too
+            return ormsgpack.Ext(
+                _jp.EXT_PYDANTIC_V2,
+                self._pack(
+                    (
+                        type(obj).__module__,
+                        type(obj).__name__,
+                        obj.model_dump(),
+                        "model_validate_json",
+                    ),
+                    refused,
+                    option,
+                ),
+            )
         if isinstance(obj, tuple) and callable(getattr(obj, "_asdict", None)):
             return ormsgpack.Ext(
                 _jp.EXT_CONSTRUCTOR_KW_ARGS,
@@ -171,7 +201,7 @@ class SafeSerializer(JsonPlusSerializer):
 
 @dataclasses.dataclass(frozen=True)
 class _MessageSpec:
-    cls: type
+    cls: type[BaseModel]
     type: str
     order: tuple[str, ...]  # the fields in declaration order, as model_dump writes them
 
@@ -205,6 +235,40 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
 # How a stored LangChain message begins: msgpack's array (module, name, fields, method)
 # whose module, a short string, is in langchain_core.messages.
 _MESSAGE_HEAD = b"langchain_core.messages."
+
+
+def _all_messages(items: list[Any]) -> bool:
+    """Whether every item is a LangChain message of one of the exact classes
+    :func:`_revive_message` knows (a subclass keeps LangGraph's own format)."""
+    classes = _MESSAGE_CLASSES or _message_classes()
+    for item in items:
+        if type(item) not in classes:
+            return False
+    return True
+
+
+_MESSAGE_CLASSES: set[type] = set()
+
+
+def _message_classes() -> set[type]:
+    _MESSAGE_CLASSES.update(spec.cls for spec in _message_specs().values())
+    return _MESSAGE_CLASSES
+
+
+def _validated_message(row: Any) -> Any:
+    """A message of a stored message list that :func:`_revive_message` declined, built
+    as LangGraph's reader builds it: validated, or constructed if validation fails."""
+    if type(row) is not list or len(row) < 3 or type(row[2]) is not dict:
+        raise CorruptDataError(f"a stored message list holds {type(row).__name__}, not a message")
+    spec = _message_specs().get((row[0], row[1])) if type(row[0]) is type(row[1]) is str else None
+    if spec is None:
+        raise CorruptDataError(
+            f"a stored message list names {row[0]!r}.{row[1]!r}, not a LangChain message class"
+        )
+    try:
+        return spec.cls(**row[2])
+    except Exception:
+        return spec.cls.model_construct(**row[2])
 
 
 def _names_a_message(payload: bytes) -> bool:

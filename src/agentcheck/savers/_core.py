@@ -49,7 +49,7 @@ from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import RunJournal
 from agentcheck.savers._terms import metadata_terms
-from agentcheck.serde import Codec, SafeSerializer
+from agentcheck.serde import MESSAGE_LIST, Codec, SafeSerializer
 
 __all__ = ["SaverCore"]
 
@@ -75,6 +75,9 @@ def _inlined(value: Any) -> bool:
         or type(value) in (bool, int, float)
         or (type(value) is str and len(value) <= _INLINE_TEXT)
     )
+
+
+_MESSAGE_READER = SafeSerializer()
 
 
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
@@ -147,7 +150,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
     def _load(self, type_: str, data: Any, what: str, cfg: tuple[str, str, str]) -> Any:
         try:
-            return self.serde.loads_typed(self.codec.decode(type_, data))
+            decoded = self.codec.decode(type_, data)
+            if decoded[0] == MESSAGE_LIST and not isinstance(self.serde, SafeSerializer):
+                # Written by the default serializer, read by another one given since.
+                return _MESSAGE_READER.loads_typed(decoded)
+            return self.serde.loads_typed(decoded)
         except Exception as exc:
             thread_id, ns, checkpoint_id = cfg
             raise CorruptDataError(
