@@ -204,6 +204,7 @@ class _MessageSpec:
     cls: type[BaseModel]
     type: str
     order: tuple[str, ...]  # the fields in declaration order, as model_dump writes them
+    fields: frozenset[str]  # the same, copied into each message's fields-set
 
 
 _MESSAGE_SPECS: dict[tuple[str, str], _MessageSpec] = {}
@@ -227,7 +228,7 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
             lc.RemoveMessage,
         ):
             fields = cls.model_fields
-            spec = _MessageSpec(cls, str(fields["type"].default), tuple(fields))
+            spec = _MessageSpec(cls, str(fields["type"].default), tuple(fields), frozenset(fields))
             _MESSAGE_SPECS[(cls.__module__, cls.__name__)] = spec
     return _MESSAGE_SPECS
 
@@ -293,8 +294,8 @@ def _plain_content(content: Any) -> bool:
 
 
 _new = object.__new__
-_set = object.__setattr__
-# pydantic's slots, set through their descriptors (a little faster than __setattr__).
+# pydantic's slots, set through their descriptors (faster than object.__setattr__).
+_set_dict = BaseModel.__dict__["__dict__"].__set__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
@@ -345,8 +346,8 @@ def _revive_message(tup: Any) -> Any:
         return None
     message: Any = _new(spec.cls)
     # What pydantic's model_construct sets, with the values as validation would leave them.
-    _set(message, "__dict__", kw)
-    _set_fields_set(message, set(kw))
+    _set_dict(message, kw)
+    _set_fields_set(message, set(spec.fields))  # == set(kw): same keys, no rehashing
     _set_extra(message, {})
     _set_private(message, None)
     return message

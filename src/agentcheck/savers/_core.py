@@ -620,7 +620,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 )
             base = self._value(found, base_pair, where, cache)
             tail = self._load(data.tail_type, data.tail, f"channel {channel!r}", where)
-            value = list(base[data.shift :]) + list(tail)
+            value = [*base[data.shift :], *tail]
         else:
             value = self._load(type_, data, f"channel {channel!r}", where)
         cache[pair] = value
