@@ -18,6 +18,7 @@ from langgraph.graph import END, START, StateGraph, add_messages
 
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends.base import SQL, Later, OnCommit, Query, batch, drive
+from agentcheck.backends.postgres import PostgresSQL
 from agentcheck.serde import MESSAGE_LIST
 
 from savers_support import (
@@ -592,24 +593,30 @@ async def test_a_write_of_plain_inserts_is_sent_as_one_statement(
 async def test_a_put_in_the_middle_of_a_run_is_one_statement(
     kind: str, saver: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The checkpoint row, its values and its index terms go as one statement once the
-    run is started (starting or ending it adds statements whose answers are read)."""
+    """The checkpoint row, its values and its index terms go as one statement, and so
+    does a put that starts or ends the run: its transition and event (which read and
+    return rows) are the statement's main part, after the others as CTEs."""
     from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 
     sent = _sent_statements(monkeypatch)
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
-    for step in range(3):
+    sources = ["input", "update", "loop"]  # starts the run, goes on, ends it (nothing next)
+    for step, source in enumerate(sources):
         checkpoint = generate_checkpoint(channel_values={"big": "x" * 1000, "n": step})
         versions = {ch: saver.get_next_version(None, None) for ch in ("big", "n")}
         checkpoint["channel_versions"] = versions
-        metadata = {"source": "input" if step == 0 else "update", "step": step, "who": "me"}
+        metadata = {"source": source, "step": step, "who": "me"}
         sent.clear()
         config = await call(saver, "put", kind, config, checkpoint, metadata, versions)
-        if step == 0:
-            assert "BEGIN" in sent  # the run starts: its answer is read after the commit
-    assert len(sent) == 1 and sent[0].startswith("WITH "), sent
-    found = await collect(saver, "list", kind, None, filter={"who": "me", "step": 2})
-    assert [t.checkpoint["channel_values"]["n"] for t in found] == [2]
+        assert len(sent) == 1 and sent[0].startswith("WITH "), sent
+        if source != "update":
+            assert "changed AS (" in sent[0]  # the run's transition, in the same statement
+    found = await collect(saver, "list", kind, None, filter={"who": "me", "step": 1})
+    assert [t.checkpoint["channel_values"]["n"] for t in found] == [1]
+    run = saver.journal.get_run("t") if not is_async(kind) else await saver.journal.aget_run("t")
+    assert run is not None and run.status == "succeeded"
+    events = saver.journal.events("t") if not is_async(kind) else await saver.journal.aevents("t")
+    assert [(e.kind, e.phase) for e in events] == [("run", "start"), ("run", "end")]
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if is_postgres(k)])
@@ -644,6 +651,20 @@ def test_only_statements_that_cannot_see_each_other_are_joined() -> None:
     assert joined(((SQL.DELETE_TERMS_OF, 0, True), (terms, 3, False), (terms, 1, False))) is None
     reads = "DELETE FROM agentcheck_blobs WHERE version IN (SELECT version FROM agentcheck_writes)"
     assert joined(((write, 0, False), (reads, 0, False))) is None  # reads another table
+    # A statement that reads or returns rows may come last, as the main part, if it names
+    # no table the others write: its rows are the joined statement's.
+    start, done = PostgresSQL.START_RUN_LOGGED, PostgresSQL.MARK_SUCCEEDED_LOGGED
+    assert start is not None and done is not None
+    for answer in (False, True):
+        one = joined(
+            ((SQL.UPSERT_CHECKPOINT, 0, False), (terms, 2, False), (start, 0, False)), answer
+        )
+        assert one is not None and one.startswith("WITH s0 AS (INSERT INTO agentcheck_checkpoints")
+        assert ", changed AS (INSERT INTO agentcheck_runs" in one and one.endswith("RETURNING seq")
+    assert joined(((event, 0, False), (done, 0, False))) is None  # it reads events too
+    assert joined(((start, 0, False), (SQL.UPSERT_CHECKPOINT, 0, False))) is None  # not last
+    assert joined(((write, 0, False), ("CREATE TABLE x (y INT)", 0, False))) is None  # not DML
+    assert joined(((write, 0, False), (reads.replace("writes", "runs"), 0, False))) is not None
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

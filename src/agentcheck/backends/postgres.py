@@ -299,14 +299,17 @@ def _framed(make_op: Callable[[], Operation[T]], explicit: bool) -> Operation[T]
 _BEGIN, _COMMIT = Query("BEGIN"), Query("COMMIT")
 
 
-def _one_statement(queries: Sequence[Query]) -> Query | None:
+def _one_statement(queries: Sequence[Query], *, answer_last: bool = False) -> Query | None:
     """The queries as one statement, if that changes nothing, else None.
 
     One query of one row is sent as it is. Plain inserts (``VALUES``; DO UPDATE for one
     row only) and deletes, none reading another table or returning rows, are joined as
     data-modifying CTEs. The parts of one statement share a snapshot and none sees
     another's changes, so two of them may touch the same table only if the earlier one
-    is marked ``disjoint`` (see Query).
+    is marked ``disjoint`` (see Query). The last query may also be any other DML (one
+    that reads, or returns rows): it becomes the main part, whose rows are the joined
+    statement's, if it names no table an earlier part writes. With ``answer_last`` its
+    rows are read (a Later).
     """
     if len(queries) == 1 and (not queries[0].many or len(queries[0].params) == 1):
         query = queries[0]
@@ -317,7 +320,7 @@ def _one_statement(queries: Sequence[Query]) -> Query | None:
     if count > _MAX_PARAMS:
         return None  # PostgreSQL takes at most 65,535 parameters in one statement
     shape = tuple((q.sql, len(q.params) if q.many else 0, q.disjoint) for q in queries)
-    sql = _joined(shape)
+    sql = _joined(shape, answer_last)
     if sql is None:
         return None
     params: list[Any] = []
@@ -327,16 +330,42 @@ def _one_statement(queries: Sequence[Query]) -> Query | None:
                 params.extend(row)
         else:
             params.extend(query.params)
-    return Query(sql, params)
+    return Query(sql, params, fetch=answer_last)
 
 
 _MAX_PARAMS = 65535
 
 
 @lru_cache(maxsize=256)
-def _joined(shape: tuple[tuple[str, int, bool], ...]) -> str | None:
+def _joined(shape: tuple[tuple[str, int, bool], ...], answer_last: bool = False) -> str | None:
     """``WITH s0 AS (part 0), ... part n`` for statements of ``(sql, rows, disjoint)``
     (rows 0: a single statement; n: an insert of n rows), or None (see _one_statement)."""
+    built = None if answer_last else _parts(shape)
+    if built is not None:
+        parts = built[0]
+    else:
+        # The last statement as the main part: any DML, reading or returning rows too
+        # (a run's transition and its event), if it names no table the others write.
+        *head, (last, rows, _) = shape
+        built = _parts(head)
+        if rows or not head or not last.startswith(_DML) or built is None:
+            return None
+        parts, written = built
+        if set(_TABLE.findall(last)) & written:
+            return None  # it would not see what the earlier parts write
+        if last.startswith("WITH "):  # its own CTEs follow the earlier parts
+            ctes = ", ".join(f"s{i} AS ({part})" for i, part in enumerate(parts))
+            return f"WITH {ctes}, {last[len('WITH ') :]}"
+        parts.append(last)
+    if len(parts) == 1:
+        return parts[0]
+    ctes = ", ".join(f"s{i} AS ({part})" for i, part in enumerate(parts[:-1]))
+    return f"WITH {ctes} {parts[-1]}"
+
+
+def _parts(shape: Sequence[tuple[str, int, bool]]) -> tuple[list[str], set[str]] | None:
+    """The statements of ``(sql, rows, disjoint)`` as parts of one statement (an insert of
+    n rows as one of n ``VALUES`` groups) and the tables they write, or None."""
     parts: list[str] = []
     touched: dict[str, bool] = {}  # table -> whether every statement on it so far is disjoint
     for sql, rows, disjoint in shape:
@@ -357,15 +386,14 @@ def _joined(shape: tuple[tuple[str, int, bool], ...]) -> str | None:
             return None
         touched[table] = touched.get(table, True) and disjoint
         parts.append(sql)
-    if len(parts) == 1:
-        return parts[0]
-    ctes = ", ".join(f"s{i} AS ({part})" for i, part in enumerate(parts[:-1]))
-    return f"WITH {ctes} {parts[-1]}"
+    return parts, set(touched)
 
 
 # INSERT INTO table (columns) VALUES (one group of values, no parentheses inside) ...
 _PLAIN_INSERT = re.compile(r"INSERT INTO (\w+) \([^()]*\) VALUES (\([^()]*\))(?: |$)")
 _PLAIN_DELETE = re.compile(r"DELETE FROM (\w+) WHERE ")
+_TABLE = re.compile(r"\bagentcheck_\w+")  # every table agentcheck's SQL names
+_DML = ("WITH ", "INSERT ", "UPDATE ", "DELETE ", "SELECT ")
 
 
 def _in_transaction(conn: Any) -> bool:
@@ -401,15 +429,16 @@ class _Held:
         one statement instead of four or five.
         """
         held, self.held = self.held, []
-        if (
-            len(held) >= 3
-            and held[0][0] is _BEGIN
-            and held[-1][0] is _COMMIT
-            and all(cur is self.cur for _, cur in held[1:-1])  # no Later among them
-        ):
-            one = _one_statement([query for query, _ in held[1:-1]])
-            if one is not None:
-                return [(one, self.cur)]
+        if len(held) >= 3 and held[0][0] is _BEGIN and held[-1][0] is _COMMIT:
+            body = held[1:-1]
+            # A Later statement may come last: the joined statement is then sent on its
+            # cursor, and its rows are the Later's (collect reads them after the commit).
+            cur = body[-1][1]
+            if all(own is self.cur for _, own in body[:-1]):
+                answer_last = cur is not self.cur
+                one = _one_statement([query for query, _ in body], answer_last=answer_last)
+                if one is not None:
+                    return [(one, cur)]
         return held
 
     def execute_later(self, query: Query) -> Callable[[], Rows]:
