@@ -4,6 +4,9 @@ validation would change something."""
 
 from __future__ import annotations
 
+import enum
+import sys
+import threading
 from typing import Any
 
 import ormsgpack
@@ -23,10 +26,10 @@ from langchain_core.messages import (
 from langgraph.checkpoint.serde import jsonplus
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.types import Send
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from agentcheck import serde as serde_module
-from agentcheck._errors import CorruptDataError, UnsafeTypeError
+from agentcheck._errors import CorruptDataError
 from agentcheck.serde import MESSAGE_LIST, SafeSerializer
 
 MESSAGES: list[BaseMessage] = [
@@ -320,13 +323,73 @@ class Opaque:
     pass
 
 
-@pytest.mark.parametrize("container", [list, lambda m: {"m": m}], ids=["list", "in-a-dict"])
-def test_a_message_holding_an_unsafe_value_is_refused_on_write(container: Any) -> None:
+@pytest.mark.parametrize("container", ["list", "dict"])
+def test_a_message_holding_what_msgpack_cannot_store_is_refused_as_langgraph_refuses_it(
+    container: str,
+) -> None:
     message = AIMessage("x", additional_kwargs={"o": Opaque()})
-    with pytest.raises(UnsafeTypeError, match="Opaque"):
-        SafeSerializer().dumps_typed(
-            container([message]) if container is list else container(message)
-        )
+    value = [message] if container == "list" else {"m": message}
+    with pytest.raises(TypeError, match="not msgpack serializable"):
+        JsonPlusSerializer().dumps_typed(value)
+    with pytest.raises(TypeError, match="cannot serialize this value"):
+        SafeSerializer().dumps_typed(value)
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+class Palette(BaseModel):
+    color: Color = Color.RED
+    secret: SecretStr = SecretStr("pw")
+
+
+def test_fields_that_validation_restores_are_stored_as_langgraph_stores_them() -> None:
+    """Inside a pydantic object or a message, a field's value is packed by LangGraph's
+    own rules: an enum member or a SecretStr is stored, and validating the object on
+    read restores it (a message's free-form kwargs keep its plain value, as before)."""
+    serializer = SafeSerializer(allowed_types=[Palette])
+    assert serializer.loads_typed(serializer.dumps_typed({"p": Palette()})) == {"p": Palette()}
+    messages = [AIMessage("a", additional_kwargs={"c": Color.RED}, response_metadata={"n": 1})]
+    type_, data = serializer.dumps_typed(messages)
+    assert type_ == MESSAGE_LIST
+    before = serializer.loads_typed(JsonPlusSerializer().dumps_typed(messages))  # old layout
+    assert serializer.loads_typed((type_, data)) == before
+    assert before[0].additional_kwargs == {"c": "red"}
+
+
+def test_the_message_tables_are_whole_to_any_thread_from_first_use() -> None:
+    """The first use fills the message class tables; a thread reading a message list at
+    that moment never sees them half filled (which would refuse a valid row)."""
+    serializer = SafeSerializer()
+    # Validated, not revived: an extra field sends it to the class table look-up.
+    data = serializer.dumps_typed([FunctionMessage(name="f", content="x", extra_field=1)])
+    assert data[0] == MESSAGE_LIST
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    errors: list[BaseException] = []
+    try:
+        for _ in range(1000):
+            serde_module._MESSAGE_SPECS.clear()
+            serde_module._MESSAGE_CLASSES.clear()
+
+            def read() -> None:
+                try:
+                    serializer.loads_typed(data)
+                    serializer.dumps_typed([HumanMessage("h")])
+                except BaseException as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=serde_module._message_specs)]
+            threads += [threading.Thread(target=read), threading.Thread(target=read)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(serde_module._message_specs()) == len(serde_module._message_classes()) == 7
 
 
 def test_a_message_in_another_value_is_stored_as_langgraph_stores_it() -> None:

@@ -74,8 +74,12 @@ class SafeSerializer(JsonPlusSerializer):
         option = _EXACT_TEXT_OPTION if exact_text else _jp._option
         try:
             if type(obj) is list and obj and _all_messages(obj):
+                # The fields are packed as LangGraph packs a message's (its own default,
+                # which stores what validation of the message restores, an enum say).
                 rows = [[type(m).__module__, type(m).__name__, m.model_dump()] for m in obj]
-                return MESSAGE_LIST, self._pack(rows, refused, option)
+                return MESSAGE_LIST, ormsgpack.packb(
+                    rows, default=_jp._msgpack_default, option=option
+                )
             return "msgpack", self._pack(obj, refused, option)
         except ormsgpack.MsgpackEncodeError as exc:
             # ormsgpack drops the exception raised by `default`; keep ours by hand.
@@ -152,20 +156,6 @@ class SafeSerializer(JsonPlusSerializer):
                 _jp.EXT_CONSTRUCTOR_KW_ARGS,
                 self._pack((type(obj).__module__, type(obj).__name__, fields), refused, option),
             )
-        if isinstance(obj, BaseModel):  # LangGraph's layout, with the fields checked too
-            return ormsgpack.Ext(
-                _jp.EXT_PYDANTIC_V2,
-                self._pack(
-                    (
-                        type(obj).__module__,
-                        type(obj).__name__,
-                        obj.model_dump(),
-                        "model_validate_json",
-                    ),
-                    refused,
-                    option,
-                ),
-            )
         if isinstance(obj, tuple) and callable(getattr(obj, "_asdict", None)):
             return ormsgpack.Ext(
                 _jp.EXT_CONSTRUCTOR_KW_ARGS,
@@ -218,6 +208,7 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
     if not _MESSAGE_SPECS:
         from langchain_core import messages as lc
 
+        built = {}
         for cls in (
             lc.AIMessage,
             lc.HumanMessage,
@@ -229,7 +220,10 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
         ):
             fields = cls.model_fields
             spec = _MessageSpec(cls, str(fields["type"].default), tuple(fields), frozenset(fields))
-            _MESSAGE_SPECS[(cls.__module__, cls.__name__)] = spec
+            built[(cls.__module__, cls.__name__)] = spec
+        # Filled in one step (atomic under the GIL): another thread that finds the table
+        # not empty finds it whole.
+        _MESSAGE_SPECS.update(built)
     return _MESSAGE_SPECS
 
 
@@ -252,7 +246,7 @@ _MESSAGE_CLASSES: set[type] = set()
 
 
 def _message_classes() -> set[type]:
-    _MESSAGE_CLASSES.update(spec.cls for spec in _message_specs().values())
+    _MESSAGE_CLASSES.update(frozenset(spec.cls for spec in _message_specs().values()))
     return _MESSAGE_CLASSES
 
 
