@@ -219,7 +219,10 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
             lc.RemoveMessage,
         ):
             fields = cls.model_fields
-            spec = _MessageSpec(cls, str(fields["type"].default), tuple(fields), frozenset(fields))
+            # The field names as ormsgpack hands them out: it reuses one object per short
+            # key, so comparing a stored row's keys with these is mostly identity checks.
+            names = tuple(ormsgpack.unpackb(ormsgpack.packb(dict.fromkeys(fields))))
+            spec = _MessageSpec(cls, str(fields["type"].default), names, frozenset(fields))
             built[(cls.__module__, cls.__name__)] = spec
         # Filled in one step (atomic under the GIL): another thread that finds the table
         # not empty finds it whole.
