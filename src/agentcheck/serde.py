@@ -8,7 +8,7 @@ Two layers:
   read, and then silently hands back raw data).
 * :class:`Codec` turns ``(type, bytes)`` into what is stored: large payloads compressed
   with zlib, everything encrypted with AES-256-GCM when a key is given. The steps applied
-  are recorded as suffixes of the type tag (``msgpack+z+aes``), so a row says how to read it.
+  are recorded as suffixes of the type tag (``msgpack+z+aesgcm``), so a row says how to read it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ _ENV_KEY = "AGENTCHECK_ENCRYPTION_KEY"
 # LangGraph's msgpack options, but refusing lone surrogates instead of writing "?".
 _EXACT_TEXT_OPTION = _jp._option & ~ormsgpack.OPT_REPLACE_SURROGATES
 _COMPRESSED = "+z"
-_ENCRYPTED = "+aes"
+# Not "+aes": LangGraph's EncryptedSerializer ends its own tags so (a serde of its own).
+_ENCRYPTED = "+aesgcm"
 _NONCE_BYTES = 12
 # Type tag of a list of LangChain messages stored as msgpack ``[[module, name, fields],
 # ...]`` (fields as ``model_dump`` gives them): what LangGraph's format stores for each

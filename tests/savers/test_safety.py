@@ -602,11 +602,11 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
         return raw_sql(kind, sqlite_path, pg_url, sql + " WHERE thread_id = ?", (thread,))
 
     types = of_thread("SELECT type, metadata_type FROM agentcheck_checkpoints")
-    assert types == [("msgpack+aes", "msgpack+aes")]
+    assert types == [("msgpack+aesgcm", "msgpack+aesgcm")]
     blob_types = of_thread("SELECT channel, type FROM agentcheck_blobs")
-    assert dict(blob_types) == {"notes": "msgpack+aes", "big": "msgpack+z+aes"}
+    assert dict(blob_types) == {"notes": "msgpack+aesgcm", "big": "msgpack+z+aesgcm"}
     write_types = of_thread("SELECT type FROM agentcheck_writes")
-    assert write_types == [("msgpack+aes",)]
+    assert write_types == [("msgpack+aesgcm",)]
     terms = of_thread("SELECT term FROM agentcheck_metadata_terms")
     assert terms and all(t.startswith("h:") for (t,) in terms)
 
@@ -657,3 +657,50 @@ async def test_reading_encrypted_rows_without_the_right_key_raises(
         # Filters are keyed too: the wrong key's terms match nothing.
         if reader_key == "wrong_key":
             assert await list_all(kind, reader, None, filter={"secret": secrets.meta}) == []
+
+
+class _XorCipher:
+    """A stand-in for pycryptodome's AES in LangGraph's EncryptedSerializer (same
+    cipher name, "aes"): reversible, not secret."""
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return "aes", bytes(b ^ 0x5A for b in plaintext)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == "aes"
+        return bytes(b ^ 0x5A for b in ciphertext)
+
+
+@pytest.mark.parametrize("own_key", [False, True], ids=["their-cipher", "both"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_langgraphs_encrypted_serializer_works_as_with_the_official_savers(
+    kind: str, own_key: bool, sqlite_path: str, pg_url: str
+) -> None:
+    """LangGraph's own encryption (``EncryptedSerializer``, whose rows are tagged
+    ``msgpack+aes``) given as ``serde`` round-trips, alone or under agentcheck's key:
+    its tag is not taken for agentcheck's."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    serde = EncryptedSerializer(_XorCipher())  # type: ignore[arg-type]
+    extra: dict[str, Any] = {"encryption_key": generate_key()} if own_key else {}
+    builder: StateGraph[MessagesState] = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [AIMessage(f"reply {len(s['messages'])}")]})
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    config: Any = {"configurable": {"thread_id": "encrypted-by-langgraph"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, serde=serde, **extra) as s:
+        graph = builder.compile(checkpointer=s)
+        for turn in range(10):  # long enough for list deltas
+            inputs = {"messages": [HumanMessage(f"turn {turn}", id=f"h{turn}")]}
+            if is_async(kind):
+                await graph.ainvoke(inputs, config)
+            else:
+                graph.invoke(inputs, config)
+        state = await graph.aget_state(config) if is_async(kind) else graph.get_state(config)
+    assert [m.content for m in state.values["messages"]][-2:] == ["turn 9", "reply 19"]
+    assert len(state.values["messages"]) == 20
+    types = {t for (t,) in raw_sql(kind, sqlite_path, pg_url, "SELECT type FROM agentcheck_writes")}
+    suffix = "+aes+aesgcm" if own_key else "+aes"  # theirs, then ours
+    assert types == {"msgpack" + suffix, "null" + suffix}  # "null": a None written
