@@ -123,3 +123,25 @@ def raw_sql(
         return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
+
+
+async def chat_turns(kind: str, saver: Any, thread_id: str, turns: int) -> list[Any]:
+    """Run a one-node chat graph on ``saver`` for ``turns`` invokes (each adds the user's
+    message and a reply) and return the thread's messages."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    builder: StateGraph[MessagesState] = StateGraph(MessagesState)
+    builder.add_node("agent", lambda s: {"messages": [AIMessage(f"reply {len(s['messages'])}")]})
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    graph = builder.compile(checkpointer=saver)
+    config: Any = {"configurable": {"thread_id": thread_id}}
+    for turn in range(turns):
+        inputs = {"messages": [HumanMessage(f"turn {turn}", id=f"h{turn}")]}
+        if is_async(kind):
+            await graph.ainvoke(inputs, config)
+        else:
+            graph.invoke(inputs, config)
+    state = await graph.aget_state(config) if is_async(kind) else graph.get_state(config)
+    return list(state.values["messages"])

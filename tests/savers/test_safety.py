@@ -30,7 +30,7 @@ from langgraph.checkpoint.serde import jsonplus
 from agentcheck import CorruptDataError, UnsafeTypeError, generate_key
 from agentcheck.savers import PostgresSaver, SqliteSaver
 
-from savers_support import KINDS, is_async, is_postgres, open_saver, raw_sql
+from savers_support import KINDS, chat_turns, is_async, is_postgres, open_saver, raw_sql
 
 TABLES = (
     "agentcheck_schema",
@@ -679,28 +679,14 @@ async def test_langgraphs_encrypted_serializer_works_as_with_the_official_savers
     """LangGraph's own encryption (``EncryptedSerializer``, whose rows are tagged
     ``msgpack+aes``) given as ``serde`` round-trips, alone or under agentcheck's key:
     its tag is not taken for agentcheck's."""
-    from langchain_core.messages import AIMessage, HumanMessage
     from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
-    from langgraph.graph import END, START, MessagesState, StateGraph
 
     serde = EncryptedSerializer(_XorCipher())  # type: ignore[arg-type]
     extra: dict[str, Any] = {"encryption_key": generate_key()} if own_key else {}
-    builder: StateGraph[MessagesState] = StateGraph(MessagesState)
-    builder.add_node("agent", lambda s: {"messages": [AIMessage(f"reply {len(s['messages'])}")]})
-    builder.add_edge(START, "agent")
-    builder.add_edge("agent", END)
-    config: Any = {"configurable": {"thread_id": "encrypted-by-langgraph"}}
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, serde=serde, **extra) as s:
-        graph = builder.compile(checkpointer=s)
-        for turn in range(10):  # long enough for list deltas
-            inputs = {"messages": [HumanMessage(f"turn {turn}", id=f"h{turn}")]}
-            if is_async(kind):
-                await graph.ainvoke(inputs, config)
-            else:
-                graph.invoke(inputs, config)
-        state = await graph.aget_state(config) if is_async(kind) else graph.get_state(config)
-    assert [m.content for m in state.values["messages"]][-2:] == ["turn 9", "reply 19"]
-    assert len(state.values["messages"]) == 20
+        messages = await chat_turns(kind, s, "encrypted-by-langgraph", 10)  # deltas too
+    assert [m.content for m in messages][-2:] == ["turn 9", "reply 19"]
+    assert len(messages) == 20
     types = {t for (t,) in raw_sql(kind, sqlite_path, pg_url, "SELECT type FROM agentcheck_writes")}
     suffix = "+aes+aesgcm" if own_key else "+aes"  # theirs, then ours
     assert types == {"msgpack" + suffix, "null" + suffix}  # "null": a None written

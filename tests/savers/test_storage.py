@@ -12,9 +12,8 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.graph import END, START, StateGraph, add_messages
+from langgraph.graph import END, START, StateGraph
 
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends.base import SQL, Later, OnCommit, Query, batch, drive
@@ -25,6 +24,7 @@ from savers_support import (
     KINDS,
     SYNC_KINDS,
     call,
+    chat_turns,
     collect,
     is_async,
     is_postgres,
@@ -800,31 +800,14 @@ async def test_prune_keep_latest_finds_a_delta_channel_seed_kept_inline(
     assert sorted(kept) == sorted(ids[1:])
 
 
-class Chat(TypedDict):
-    messages: Annotated[list[Any], add_messages]
-
-
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_chat_is_stored_as_message_lists_any_serializer_reads(
     kind: str, sqlite_path: str, pg_url: str
 ) -> None:
     """The messages channel is stored as whole message lists (snapshots) and deltas whose
     tails are message lists; a saver given another serializer later still reads them."""
-    builder: StateGraph[Chat] = StateGraph(Chat)
-    builder.add_node("agent", lambda s: {"messages": [AIMessage(f"reply {len(s['messages'])}")]})
-    builder.add_edge(START, "agent")
-    builder.add_edge("agent", END)
-    config: Any = {"configurable": {"thread_id": "chat"}}
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
-        graph = builder.compile(checkpointer=saver)
-        for turn in range(12):
-            inputs = {"messages": [HumanMessage(f"turn {turn}", id=f"h{turn}")]}
-            if is_async(kind):
-                await graph.ainvoke(inputs, config)
-            else:
-                graph.invoke(inputs, config)
-        state = await graph.aget_state(config) if is_async(kind) else graph.get_state(config)
-        messages = state.values["messages"]
+        messages = await chat_turns(kind, saver, "chat", 12)
     assert len(messages) == 24
     types = {
         t
@@ -838,6 +821,6 @@ async def test_a_chat_is_stored_as_message_lists_any_serializer_reads(
     assert types == {MESSAGE_LIST, "delta"}
     other = JsonPlusSerializer(pickle_fallback=False)
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, serde=other) as saver:
-        graph = builder.compile(checkpointer=saver)
-        state = await graph.aget_state(config) if is_async(kind) else graph.get_state(config)
-        assert state.values["messages"] == messages
+        config: Any = {"configurable": {"thread_id": "chat", "checkpoint_ns": ""}}
+        found = await call(saver, "get_tuple", kind, config)
+        assert found.checkpoint["channel_values"]["messages"] == messages
