@@ -665,6 +665,10 @@ def test_only_statements_that_cannot_see_each_other_are_joined() -> None:
     assert joined(((start, 0, False), (SQL.UPSERT_CHECKPOINT, 0, False))) is None  # not last
     assert joined(((write, 0, False), ("CREATE TABLE x (y INT)", 0, False))) is None  # not DML
     assert joined(((write, 0, False), (reads.replace("writes", "runs"), 0, False))) is not None
+    recursive = "WITH RECURSIVE r AS (SELECT 1) DELETE FROM agentcheck_runs WHERE run_id = ?"
+    assert joined(((write, 0, False), (recursive, 0, False))) is None
+    clash = "WITH s0 AS (SELECT 1) DELETE FROM agentcheck_runs WHERE run_id = ?"
+    assert joined(((write, 0, False), (clash, 0, False))) is None  # a CTE name of ours
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

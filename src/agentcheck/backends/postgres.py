@@ -350,6 +350,8 @@ def _joined(shape: tuple[tuple[str, int, bool], ...], answer_last: bool = False)
         built = _parts(head)
         if rows or not head or not last.startswith(_DML) or built is None:
             return None
+        if last.startswith("WITH RECURSIVE") or re.search(r"\bs\d+ AS \(", last):
+            return None  # would not merge into our CTE list as it is
         parts, written = built
         if set(_TABLE.findall(last)) & written:
             return None  # it would not see what the earlier parts write
