@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from agentcheck._errors import CorruptDataError, UnsafeTypeError
 from agentcheck._extras import require
 
-__all__ = ["Codec", "MESSAGE_LIST", "SafeSerializer", "generate_key"]
+__all__ = ["Codec", "MESSAGE_LIST", "SafeSerializer", "generate_key", "loads_message_list"]
 
 _ENV_KEY = "AGENTCHECK_ENCRYPTION_KEY"
 # LangGraph's msgpack options, but refusing lone surrogates instead of writing "?".
@@ -95,12 +95,7 @@ class SafeSerializer(JsonPlusSerializer):
                 data[1], ext_hook=self._ext_hook(), option=ormsgpack.OPT_NON_STR_KEYS
             )
         if type_ == MESSAGE_LIST:
-            rows = ormsgpack.unpackb(
-                data[1], ext_hook=self._ext_hook(), option=ormsgpack.OPT_NON_STR_KEYS
-            )
-            if type(rows) is not list:
-                raise CorruptDataError("a stored message list is not a list")
-            return [_revive_message(row) or _validated_message(row) for row in rows]
+            return loads_message_list(data[1], self._ext_hook())
         if type_ not in ("null", "bytes", "bytearray", "json"):
             # "pickle" lands here too: stored pickles are never executed.
             raise CorruptDataError(f"unknown serialization type tag {type_!r}")
@@ -234,6 +229,15 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
 # How a stored LangChain message begins: msgpack's array (module, name, fields, method)
 # whose module, a short string, is in langchain_core.messages.
 _MESSAGE_HEAD = b"langchain_core.messages."
+
+
+def loads_message_list(data: bytes, ext_hook: Any) -> list[Any]:
+    """The messages of a :data:`MESSAGE_LIST` payload; ``ext_hook`` decodes the values
+    inside them that msgpack stores as extensions (a serializer's, with its allowlist)."""
+    rows = ormsgpack.unpackb(data, ext_hook=ext_hook, option=ormsgpack.OPT_NON_STR_KEYS)
+    if type(rows) is not list:
+        raise CorruptDataError("a stored message list is not a list")
+    return [_revive_message(row) or _validated_message(row) for row in rows]
 
 
 def _all_messages(items: list[Any]) -> bool:

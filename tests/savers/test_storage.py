@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypedDict
 
 import psycopg
 import pytest
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 
@@ -828,3 +829,34 @@ async def test_a_chat_is_stored_as_message_lists_any_serializer_reads(
         config: Any = {"configurable": {"thread_id": "chat", "checkpoint_ns": ""}}
         found = await call(saver, "get_tuple", kind, config)
         assert found.checkpoint["channel_values"]["messages"] == messages
+
+
+class Tone(enum.Enum):
+    CALM = "calm"
+
+
+def test_a_message_list_read_by_another_serializer_uses_its_allowlist(sqlite_path: str) -> None:
+    """Values inside a stored message list are decoded by the reading serializer's own
+    hook: an enum its allowlist names comes back as the enum, not as its plain value."""
+    from langchain_core.messages import AIMessage
+
+    from agentcheck.savers import SqliteSaver
+
+    messages = [AIMessage("x", id="a", additional_kwargs={"tone": Tone.CALM})] * 8
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    with SqliteSaver.from_conn_string(sqlite_path, allowed_types=[Tone]) as saver:
+        saver.setup()
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"messages": messages}
+        checkpoint["channel_versions"] = {"messages": saver.get_next_version(None, None)}
+        stored = saver.put(config, checkpoint, {}, checkpoint["channel_versions"])
+        assert saver.get_tuple(stored).checkpoint["channel_values"]["messages"] == messages
+    allowed = [(Tone.__module__, "Tone")]
+    other = JsonPlusSerializer(pickle_fallback=False, allowed_msgpack_modules=allowed)
+    with SqliteSaver.from_conn_string(sqlite_path, serde=other) as saver:
+        found = saver.get_tuple(stored)
+    assert found.checkpoint["channel_values"]["messages"][0].additional_kwargs == {
+        "tone": Tone.CALM
+    }
+    [(type_,)] = raw_sql("sqlite", sqlite_path, "", "SELECT type FROM agentcheck_blobs")
+    assert type_ == MESSAGE_LIST

@@ -49,7 +49,7 @@ from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import RunJournal
 from agentcheck.savers._terms import metadata_terms
-from agentcheck.serde import MESSAGE_LIST, Codec, SafeSerializer
+from agentcheck.serde import MESSAGE_LIST, Codec, SafeSerializer, loads_message_list
 
 __all__ = ["SaverCore"]
 
@@ -152,8 +152,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         try:
             decoded = self.codec.decode(type_, data)
             if decoded[0] == MESSAGE_LIST and not isinstance(self.serde, SafeSerializer):
-                # Written by the default serializer, read by another one given since.
-                return _MESSAGE_READER.loads_typed(decoded)
+                # Written by the default serializer, read by another one given since: the
+                # values inside go to its hook (LangGraph's, with its allowlist) if it has one.
+                hook = getattr(self.serde, "_unpack_ext_hook", None)
+                return loads_message_list(decoded[1], hook or _MESSAGE_READER._ext_hook())
             return self.serde.loads_typed(decoded)
         except Exception as exc:
             thread_id, ns, checkpoint_id = cfg
