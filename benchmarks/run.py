@@ -211,10 +211,11 @@ def with_floor_notes(rows: Sequence[Row], floor: dict[str, dict[str, Summary]]) 
     for row in rows:
         size = FLOOR_OF_WRITE.get(row.metric)
         least = floor.get(row.db, {}).get(size or "")
-        if least is None or row.official is None or row.target is None:
+        target = row.target
+        if least is None or row.official is None or target is None or target.on != "ratio":
             noted.append(row)
             continue
-        budget = row.target.limit * row.official.median
+        budget = target.limit * row.official.median
         note = (
             f"the target leaves {budget:.3f} ms per call; one {size} insert and its commit "
             f"take {least.median:.3f} ms here, {least.median / budget:.0%} of it"

@@ -19,7 +19,7 @@ from langgraph.types import Command, Send, interrupt
 from typing_extensions import TypedDict
 
 import agentcheck
-from agentcheck.journal import Claim, Event, Journal, Step
+from agentcheck.journal import Claim, Event, EventSpec, Journal, Step
 
 from savers_support import KINDS, call, is_async, is_postgres
 
@@ -359,6 +359,27 @@ async def test_events_have_strictly_increasing_seq_and_after_filters(kind: str, 
     assert await call(saver.journal, "events", kind, "t1", after=seqs[2]) == events[3:]
     assert await call(saver.journal, "events", kind, "t1", after=seqs[-1]) == []
     assert await call(saver.journal, "events", kind, "no-such-run") == []
+
+
+@parametrize_kinds
+async def test_append_returns_each_events_seq(kind: str, saver: Any) -> None:
+    """``Journal.append`` stores an event and returns its ``seq`` (a custom adapter
+    uses it as the parent of the events that follow)."""
+    first = await call(saver.journal, "append", kind, EventSpec("r1", "agent", "start"))
+    second = await call(
+        saver.journal,
+        "append",
+        kind,
+        EventSpec("r1", "llm", "end", name="m", payload={"a": 1}, input_tokens=3, parent_seq=first),
+    )
+    assert isinstance(first, int) and first < second
+    events = await call(saver.journal, "events", kind, "r1")
+    assert [(e.seq, e.kind, e.phase) for e in events] == [
+        (first, "agent", "start"),
+        (second, "llm", "end"),
+    ]
+    assert events[1].payload == {"a": 1} and events[1].input_tokens == 3
+    assert events[1].parent_seq == first
 
 
 @parametrize_kinds

@@ -30,7 +30,7 @@ from pydantic import BaseModel, SecretStr
 
 from agentcheck import serde as serde_module
 from agentcheck._errors import CorruptDataError
-from agentcheck.serde import MESSAGE_LIST, SafeSerializer
+from agentcheck.serde import MESSAGE_LIST, Codec, SafeSerializer
 
 MESSAGES: list[BaseMessage] = [
     HumanMessage("hello", id="h1"),
@@ -421,3 +421,14 @@ def test_random_message_lists_read_back_as_langgraph_gives_them(
     back = SafeSerializer().loads_typed((type_, data))
     expected = _langgraph_reads(messages)
     assert [_state(m) for m in back] == [_state(m) for m in expected]
+
+
+def test_the_codec_refuses_a_serializer_tag_it_could_not_tell_from_its_own() -> None:
+    """The codec marks compression and encryption with "#"; a serializer whose tag holds
+    one is refused on write, with what was wrong, rather than misread later."""
+    with pytest.raises(ValueError, match="'msgpack#z' contains '#'"):
+        Codec().encode("msgpack#z", b"x")
+    assert Codec().decode(*Codec().encode("msgpack+z", b"x" * 100, compress=True)) == (
+        "msgpack+z",
+        b"x" * 100,
+    )

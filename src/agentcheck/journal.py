@@ -245,7 +245,8 @@ class JournalOps:
 
     def append(self, event: EventSpec) -> Operation[int]:
         """Append an event; returns its ``seq``."""
-        rows = yield Query(self.sql.INSERT_EVENT + " RETURNING seq", self._event_row(event), True)
+        row = self._event_row(event)
+        rows = yield Query(self.sql.INSERT_EVENT + " RETURNING seq", row, fetch=True)
         return int(rows[0][0])
 
     def log(self, event: EventSpec) -> Operation[None]:

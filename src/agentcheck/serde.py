@@ -8,7 +8,7 @@ Two layers:
   read, and then silently hands back raw data).
 * :class:`Codec` turns ``(type, bytes)`` into what is stored: large payloads compressed
   with zlib, everything encrypted with AES-256-GCM when a key is given. The steps applied
-  are recorded as suffixes of the type tag (``msgpack+z+aesgcm``), so a row says how to read it.
+  are recorded as suffixes of the type tag (``msgpack#z#aesgcm``), so a row says how to read it.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ __all__ = ["Codec", "MESSAGE_LIST", "SafeSerializer", "generate_key", "loads_mes
 _ENV_KEY = "AGENTCHECK_ENCRYPTION_KEY"
 # LangGraph's msgpack options, but refusing lone surrogates instead of writing "?".
 _EXACT_TEXT_OPTION = _jp._option & ~ormsgpack.OPT_REPLACE_SURROGATES
-_COMPRESSED = "+z"
-# Not "+aes": LangGraph's EncryptedSerializer ends its own tags so (a serde of its own).
-_ENCRYPTED = "+aesgcm"
+# The codec's steps are marked with "#", which no serializer's tag may contain:
+# LangGraph's EncryptedSerializer, say, ends its tags with "+" and a cipher's name.
+_MARK = "#"
+_COMPRESSED = _MARK + "z"
+_ENCRYPTED = _MARK + "aesgcm"
 _NONCE_BYTES = 12
 # Type tag of a list of LangChain messages stored as msgpack ``[[module, name, fields],
 # ...]`` (fields as ``model_dump`` gives them): what LangGraph's format stores for each
@@ -457,6 +459,11 @@ class Codec:
         Payloads from ``compress_threshold`` bytes up are compressed, smaller ones only
         when ``compress`` is set (and only if that makes them smaller).
         """
+        if _MARK in type_:
+            raise ValueError(
+                f"the serializer's type tag {type_!r} contains {_MARK!r}, which agentcheck "
+                "uses to mark compression and encryption: the row could not be read back"
+            )
         if compress or len(data) >= self.compress_threshold:
             packed = zlib.compress(data, 1)
             if len(packed) < len(data):

@@ -216,7 +216,7 @@ async def test_deltas_are_encrypted_too(kind: str, sqlite_path: str, pg_url: str
             )
         }
         assert any(t.startswith("delta") for t in types)
-        assert all(t.endswith("+aesgcm") for t in types)
+        assert all(t.endswith("#aesgcm") for t in types)
     async with open_saver(
         kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key
     ) as fresh:

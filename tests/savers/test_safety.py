@@ -602,11 +602,11 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
         return raw_sql(kind, sqlite_path, pg_url, sql + " WHERE thread_id = ?", (thread,))
 
     types = of_thread("SELECT type, metadata_type FROM agentcheck_checkpoints")
-    assert types == [("msgpack+aesgcm", "msgpack+aesgcm")]
+    assert types == [("msgpack#aesgcm", "msgpack#aesgcm")]
     blob_types = of_thread("SELECT channel, type FROM agentcheck_blobs")
-    assert dict(blob_types) == {"notes": "msgpack+aesgcm", "big": "msgpack+z+aesgcm"}
+    assert dict(blob_types) == {"notes": "msgpack#aesgcm", "big": "msgpack#z#aesgcm"}
     write_types = of_thread("SELECT type FROM agentcheck_writes")
-    assert write_types == [("msgpack+aesgcm",)]
+    assert write_types == [("msgpack#aesgcm",)]
     terms = of_thread("SELECT term FROM agentcheck_metadata_terms")
     assert terms and all(t.startswith("h:") for (t,) in terms)
 
@@ -659,34 +659,41 @@ async def test_reading_encrypted_rows_without_the_right_key_raises(
             assert await list_all(kind, reader, None, filter={"secret": secrets.meta}) == []
 
 
+@dataclasses.dataclass
 class _XorCipher:
-    """A stand-in for pycryptodome's AES in LangGraph's EncryptedSerializer (same
-    cipher name, "aes"): reversible, not secret."""
+    """A stand-in for pycryptodome's AES in LangGraph's EncryptedSerializer: reversible,
+    not secret, under any cipher name."""
+
+    name: str = "aes"
 
     def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
-        return "aes", bytes(b ^ 0x5A for b in plaintext)
+        return self.name, bytes(b ^ 0x5A for b in plaintext)
 
     def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
-        assert ciphername == "aes"
+        assert ciphername == self.name
         return bytes(b ^ 0x5A for b in ciphertext)
 
 
+# "aes" is LangGraph's own AES; the others are named like agentcheck's codec steps.
+@pytest.mark.parametrize("cipher", ["aes", "aesgcm", "z"])
 @pytest.mark.parametrize("own_key", [False, True], ids=["their-cipher", "both"])
 @pytest.mark.parametrize("kind", KINDS)
 async def test_langgraphs_encrypted_serializer_works_as_with_the_official_savers(
-    kind: str, own_key: bool, sqlite_path: str, pg_url: str
+    kind: str, own_key: bool, cipher: str, sqlite_path: str, pg_url: str
 ) -> None:
     """LangGraph's own encryption (``EncryptedSerializer``, whose rows are tagged
-    ``msgpack+aes``) given as ``serde`` round-trips, alone or under agentcheck's key:
-    its tag is not taken for agentcheck's."""
+    ``msgpack+<cipher>``) given as ``serde`` round-trips, alone or under agentcheck's key,
+    whatever its cipher is called: its tags are never taken for agentcheck's."""
     from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-    serde = EncryptedSerializer(_XorCipher())  # type: ignore[arg-type]
+    serde = EncryptedSerializer(_XorCipher(cipher))  # type: ignore[arg-type]
     extra: dict[str, Any] = {"encryption_key": generate_key()} if own_key else {}
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, serde=serde, **extra) as s:
-        messages = await chat_turns(kind, s, "encrypted-by-langgraph", 10)  # deltas too
+        messages = await chat_turns(kind, s, "encrypted-by-langgraph", 10)
     assert [m.content for m in messages][-2:] == ["turn 9", "reply 19"]
     assert len(messages) == 20
+    blobs = raw_sql(kind, sqlite_path, pg_url, "SELECT type FROM agentcheck_blobs")
+    assert any(t.startswith("delta") for (t,) in blobs)  # tails serialized by their serde
     types = {t for (t,) in raw_sql(kind, sqlite_path, pg_url, "SELECT type FROM agentcheck_writes")}
-    suffix = "+aes+aesgcm" if own_key else "+aes"  # theirs, then ours
+    suffix = f"+{cipher}" + ("#aesgcm" if own_key else "")  # theirs, then ours
     assert types == {"msgpack" + suffix, "null" + suffix}  # "null": a None written

@@ -118,7 +118,7 @@ async def test_large_values_are_compressed(kind: str, sqlite_path: str, pg_url: 
         )
         assert len(rows) == 1
         type_, blob = rows[0]
-        assert type_ == "msgpack+z"
+        assert type_ == "msgpack#z"
         assert len(bytes(blob)) < len(document) // 20
 
 
@@ -191,7 +191,7 @@ async def test_checkpoint_rows_are_compressed_only_when_large(
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     stored = await call(saver, "put", kind, config, checkpoint, {}, versions)
     [(type_,)] = raw_sql(kind, **db, sql="SELECT type FROM agentcheck_checkpoints")
-    assert type_ == ("msgpack" if channels == 3 else "msgpack+z")
+    assert type_ == ("msgpack" if channels == 3 else "msgpack#z")
     found = await call(saver, "get_tuple", kind, stored)
     assert found.checkpoint["channel_values"] == values
 
@@ -668,8 +668,11 @@ def test_only_statements_that_cannot_see_each_other_are_joined() -> None:
     assert joined(((write, 0, False), (reads.replace("writes", "runs"), 0, False))) is not None
     recursive = "WITH RECURSIVE r AS (SELECT 1) DELETE FROM agentcheck_runs WHERE run_id = ?"
     assert joined(((write, 0, False), (recursive, 0, False))) is None
-    clash = "WITH s0 AS (SELECT 1) DELETE FROM agentcheck_runs WHERE run_id = ?"
-    assert joined(((write, 0, False), (clash, 0, False))) is None  # a CTE name of ours
+    delete = "DELETE FROM agentcheck_runs WHERE run_id = ?"
+    for clash in ("WITH s0 AS (SELECT 1) ", "WITH s0(x) AS (SELECT 1) ", "with S1 as (select 1) "):
+        assert joined(((write, 0, False), (clash + delete, 0, False))) is None  # our CTE name
+    lower = "with recursive r as (select 1) DELETE FROM agentcheck_runs WHERE run_id = ?"
+    assert joined(((write, 0, False), (lower, 0, False))) is None
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

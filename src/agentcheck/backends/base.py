@@ -55,9 +55,10 @@ class Query:
 
     sql: str
     params: Sequence[Any] = field(default_factory=tuple)
-    many: bool = False
-    fetch: bool = False
-    disjoint: bool = False
+    # Keyword-only: a bare True in third place would say "many", whatever was meant.
+    many: bool = field(default=False, kw_only=True)
+    fetch: bool = field(default=False, kw_only=True)
+    disjoint: bool = field(default=False, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -350,7 +350,7 @@ def _joined(shape: tuple[tuple[str, int, bool], ...], answer_last: bool = False)
         built = _parts(head)
         if rows or not head or not last.startswith(_DML) or built is None:
             return None
-        if last.startswith("WITH RECURSIVE") or re.search(r"\bs\d+ AS \(", last):
+        if re.match(r"WITH\s+RECURSIVE\b", last, re.I) or _OUR_CTE.search(last):
             return None  # would not merge into our CTE list as it is
         parts, written = built
         if set(_TABLE.findall(last)) & written:
@@ -396,6 +396,7 @@ _PLAIN_INSERT = re.compile(r"INSERT INTO (\w+) \([^()]*\) VALUES (\([^()]*\))(?:
 _PLAIN_DELETE = re.compile(r"DELETE FROM (\w+) WHERE ")
 _TABLE = re.compile(r"\bagentcheck_\w+")  # every table agentcheck's SQL names
 _DML = ("WITH ", "INSERT ", "UPDATE ", "DELETE ", "SELECT ")
+_OUR_CTE = re.compile(r"\bs\d+\s*(\(|AS\b)", re.I)  # a name the joined parts take
 
 
 def _in_transaction(conn: Any) -> bool:

@@ -148,14 +148,16 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
     def _dump(self, value: Any) -> tuple[str, bytes]:
         return self.codec.encode(*self.serde.dumps_typed(value))
 
-    def _load(self, type_: str, data: Any, what: str, cfg: tuple[str, str, str]) -> Any:
+    def _load(
+        self, type_: str, data: Any, what: str, cfg: tuple[str, str, str], *, row: bool = True
+    ) -> Any:
+        """A stored value, decoded; ``row=False`` for one the codec did not encode (the
+        tail inside a delta row, whose serializer's tag is taken as it is)."""
         try:
-            decoded = self.codec.decode(type_, data)
+            decoded = self.codec.decode(type_, data) if row else (type_, bytes(data))
             if decoded[0] == MESSAGE_LIST and not isinstance(self.serde, SafeSerializer):
-                # Written by the default serializer, read by another one given since: the
-                # values inside go to its hook (LangGraph's, with its allowlist) if it has one.
-                hook = getattr(self.serde, "_unpack_ext_hook", None)
-                return loads_message_list(decoded[1], hook or _MESSAGE_READER._ext_hook())
+                # Written by the default serializer, read by another one given since.
+                return loads_message_list(decoded[1], self._ext_hook_of_serde())
             return self.serde.loads_typed(decoded)
         except Exception as exc:
             thread_id, ns, checkpoint_id = cfg
@@ -163,6 +165,20 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 f"cannot read {what} of checkpoint {checkpoint_id!r} in thread "
                 f"{thread_id!r} (namespace {ns!r}): {exc}"
             ) from exc
+
+    def _ext_hook_of_serde(self) -> Any:
+        """The msgpack extension hook of the saver's serializer, with its allowlist: its
+        own (LangGraph's JsonPlusSerializer), or that of the one it wraps
+        (EncryptedSerializer's ``serde``); else the default serializer's."""
+        inner: Any = self.serde
+        for _ in range(8):  # wrappers of wrappers, but never a cycle
+            hook = getattr(inner, "_unpack_ext_hook", None)
+            if hook is not None:
+                return hook
+            inner = getattr(inner, "serde", None)
+            if inner is None:
+                break
+        return _MESSAGE_READER._ext_hook()
 
     def _term(self, text: str) -> str:
         """The stored form of an index term: long ones are hashed, because index entries
@@ -621,7 +637,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                     f"from, {data.base_version!r}, is missing"
                 )
             base = self._value(found, base_pair, where, cache)
-            tail = self._load(data.tail_type, data.tail, f"channel {channel!r}", where)
+            tail = self._load(data.tail_type, data.tail, f"channel {channel!r}", where, row=False)
             value = [*base[data.shift :], *tail]
         else:
             value = self._load(type_, data, f"channel {channel!r}", where)
