@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypedDict
 import psycopg
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 
@@ -838,6 +839,16 @@ class Tone(enum.Enum):
     CALM = "calm"
 
 
+class _Identity:
+    """A cipher for LangGraph's EncryptedSerializer that changes nothing."""
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return "none", plaintext
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        return ciphertext
+
+
 def test_a_message_list_read_by_another_serializer_uses_its_allowlist(sqlite_path: str) -> None:
     """Values inside a stored message list are decoded by the reading serializer's own
     hook: an enum its allowlist names comes back as the enum, not as its plain value."""
@@ -856,10 +867,11 @@ def test_a_message_list_read_by_another_serializer_uses_its_allowlist(sqlite_pat
         assert saver.get_tuple(stored).checkpoint["channel_values"]["messages"] == messages
     allowed = [(Tone.__module__, "Tone")]
     other = JsonPlusSerializer(pickle_fallback=False, allowed_msgpack_modules=allowed)
-    with SqliteSaver.from_conn_string(sqlite_path, serde=other) as saver:
-        found = saver.get_tuple(stored)
-    assert found.checkpoint["channel_values"]["messages"][0].additional_kwargs == {
-        "tone": Tone.CALM
-    }
+    wrapping = EncryptedSerializer(_Identity(), other)  # type: ignore[arg-type]
+    for serde in (other, wrapping):  # the allowlist of the one it wraps, for a wrapper
+        with SqliteSaver.from_conn_string(sqlite_path, serde=serde) as saver:
+            found = saver.get_tuple(stored)
+        read = found.checkpoint["channel_values"]["messages"]
+        assert read[0].additional_kwargs == {"tone": Tone.CALM}
     [(type_,)] = raw_sql("sqlite", sqlite_path, "", "SELECT type FROM agentcheck_blobs")
     assert type_ == MESSAGE_LIST
