@@ -549,6 +549,7 @@ def journal_overhead(ctx: Context) -> list[Row]:
     small: list[BaseMessage] = [HumanMessage("What is the weather in Paris?")]
     window = ctx.corpus.window(WINDOW, WINDOW)
     bare, durable = _fake_model(), durable_model(_fake_model())
+    recording = durable_model(_fake_model(), record_prompt=True)
     variants: list[tuple[str, Callable[[int], object], Callable[[int], object], bool]] = [
         ("@side_effect call", _charge, charge, True),
         ("durable_model call, 1-msg prompt", _invoke(bare, small), _invoke(durable, small), True),
@@ -556,6 +557,12 @@ def journal_overhead(ctx: Context) -> list[Row]:
             f"durable_model call, {WINDOW}-msg prompt",
             _invoke(bare, window),
             _invoke(durable, window),
+            True,
+        ),
+        (
+            f"durable_model(record_prompt=True), {WINDOW}-msg prompt",
+            _invoke(bare, window),
+            _invoke(recording, window),
             False,
         ),
     ]

@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 import psycopg
 import pytest
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import RunnableBinding, RunnableLambda
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -1053,6 +1053,29 @@ async def test_durable_model_records_tokens_on_the_end_event_not_on_replay(
     assert (llm["end"].input_tokens, llm["end"].output_tokens) == (10, 5)
     assert (llm["replay"].input_tokens, llm["replay"].output_tokens) == (None, None)
     assert (llm["start"].input_tokens, llm["start"].output_tokens) == (None, None)
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("record_prompt", [False, True])
+async def test_durable_model_records_the_prompts_size_and_last_message_or_all_of_it(
+    kind: str, saver: Any, tmp_path: Path, record_prompt: bool
+) -> None:
+    """By default a model call's step keeps the prompt's length and last message (the
+    checkpoints hold the conversation: whole prompts at every call would grow the journal
+    with the square of its length); ``record_prompt=True`` keeps the whole prompt."""
+    inner = scripted(tmp_path, answer_with_tool_call())
+    model = durable_model(inner, record_prompt=record_prompt)
+    seen: list[Any] = []
+    graph = model_graph(kind, saver, model_user(kind, model, "invoke"), seen)
+    prompt = [SystemMessage("be brief", id="s"), HumanMessage("pay", id="h")]
+    await call(graph, "invoke", kind, {"messages": prompt}, config("t1"))
+    step = await only_step(saver, kind, "t1")
+    if record_prompt:
+        assert step.args == {"messages": prompt}
+    else:
+        assert step.args == {"messages": 2, "last": prompt[-1]}
+    assert durable_model(model, record_prompt=record_prompt) is model
+    assert durable_model(model, record_prompt=not record_prompt).record_prompt is not record_prompt
 
 
 @parametrize_kinds

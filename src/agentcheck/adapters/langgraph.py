@@ -210,9 +210,16 @@ class DurableChatModel(BaseChatModel):
     Replays cost no tokens and return the very message recorded, with the same tool-call
     ids, which is what keeps the step keys of the tools it calls stable. Outside a graph
     with an agentcheck saver it simply calls the wrapped model.
+
+    A call's ledger step records how many messages the prompt had and its last one (the
+    new input: the user's message, a tool's result), not the whole prompt: the thread's
+    checkpoints already hold the conversation, and a prompt stored at every call would
+    make the journal grow with the square of the conversation. ``record_prompt=True``
+    stores each prompt whole, for an audit of exactly what the model was sent.
     """
 
     inner: BaseChatModel
+    record_prompt: bool = False
 
     @property
     def _llm_type(self) -> str:
@@ -231,7 +238,12 @@ class DurableChatModel(BaseChatModel):
     def _protocol(
         self, ctx: CallContext, messages: list[BaseMessage]
     ) -> Generator[Any, Any, tuple[Any, str]]:
-        return protocol(self._spec(), ctx, {"messages": messages})
+        args: dict[str, Any] = (
+            {"messages": messages}
+            if self.record_prompt
+            else {"messages": len(messages), "last": messages[-1] if messages else None}
+        )
+        return protocol(self._spec(), ctx, args)
 
     def _generate(
         self,
@@ -404,14 +416,19 @@ def _json(value: Any) -> str:
     return json.dumps(value)
 
 
-def durable_model(model: BaseChatModel) -> DurableChatModel:
+def durable_model(model: BaseChatModel, *, record_prompt: bool = False) -> DurableChatModel:
     """Wrap any LangChain chat model so that its calls inside a graph are journaled and
     replayed when the task runs again (crash resume, interrupt resume, retry).
 
     ```python
     model = durable_model(ChatOpenAI(model="gpt-4o")).bind_tools(tools)
     ```
+
+    ``record_prompt=True`` keeps each call's whole prompt in its ledger step (by default:
+    the number of messages and the last one; see :class:`DurableChatModel`).
     """
     if isinstance(model, DurableChatModel):
-        return model
-    return DurableChatModel(inner=model)
+        if model.record_prompt == record_prompt:
+            return model
+        return DurableChatModel(inner=model.inner, record_prompt=record_prompt)
+    return DurableChatModel(inner=model, record_prompt=record_prompt)
