@@ -1074,8 +1074,12 @@ async def test_durable_model_records_the_prompts_size_and_last_message_or_all_of
         assert step.args == {"messages": prompt}
     else:
         assert step.args == {"messages": 2, "last": prompt[-1]}
+    # Wrapping again keeps the setting unless one is given, and the wrapper's own settings.
+    assert durable_model(model) is model
     assert durable_model(model, record_prompt=record_prompt) is model
-    assert durable_model(model, record_prompt=not record_prompt).record_prompt is not record_prompt
+    tagged = model.model_copy(update={"tags": ["audit"]})
+    other = durable_model(tagged, record_prompt=not record_prompt)
+    assert (other.record_prompt, other.tags, other.inner) == (not record_prompt, ["audit"], inner)
 
 
 @parametrize_kinds

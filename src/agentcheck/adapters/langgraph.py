@@ -211,11 +211,13 @@ class DurableChatModel(BaseChatModel):
     ids, which is what keeps the step keys of the tools it calls stable. Outside a graph
     with an agentcheck saver it simply calls the wrapped model.
 
-    A call's ledger step records how many messages the prompt had and its last one (the
-    new input: the user's message, a tool's result), not the whole prompt: the thread's
-    checkpoints already hold the conversation, and a prompt stored at every call would
-    make the journal grow with the square of the conversation. ``record_prompt=True``
-    stores each prompt whole, for an audit of exactly what the model was sent.
+    A call's ledger step records how many messages the prompt had and its last one
+    (usually the newest input: the user's message, a tool's result), not the whole
+    prompt: the thread's checkpoints already hold the conversation's state, and a prompt
+    stored at every call would make the journal grow with the square of the
+    conversation. A prompt built inside the node (a system prompt, retrieved context, a
+    trimmed window) is then not kept as sent: ``record_prompt=True`` stores each prompt
+    whole, for an audit of exactly what the model was sent.
     """
 
     inner: BaseChatModel
@@ -416,7 +418,7 @@ def _json(value: Any) -> str:
     return json.dumps(value)
 
 
-def durable_model(model: BaseChatModel, *, record_prompt: bool = False) -> DurableChatModel:
+def durable_model(model: BaseChatModel, *, record_prompt: bool | None = None) -> DurableChatModel:
     """Wrap any LangChain chat model so that its calls inside a graph are journaled and
     replayed when the task runs again (crash resume, interrupt resume, retry).
 
@@ -425,10 +427,11 @@ def durable_model(model: BaseChatModel, *, record_prompt: bool = False) -> Durab
     ```
 
     ``record_prompt=True`` keeps each call's whole prompt in its ledger step (by default:
-    the number of messages and the last one; see :class:`DurableChatModel`).
+    the number of messages and the last one; see :class:`DurableChatModel`). A model
+    wrapped already is returned as it is, or a copy with the setting given.
     """
     if isinstance(model, DurableChatModel):
-        if model.record_prompt == record_prompt:
+        if record_prompt is None or model.record_prompt == record_prompt:
             return model
-        return DurableChatModel(inner=model.inner, record_prompt=record_prompt)
-    return DurableChatModel(inner=model, record_prompt=record_prompt)
+        return model.model_copy(update={"record_prompt": record_prompt})
+    return DurableChatModel(inner=model, record_prompt=bool(record_prompt))
