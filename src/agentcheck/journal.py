@@ -255,8 +255,10 @@ class JournalOps:
         yield Query(self.sql.INSERT_EVENT, self._event_row(event))
         return None
 
-    def _event_row(self, event: EventSpec) -> tuple[Any, ...]:
-        ptype, payload = self.dump(event.payload)
+    def _event_row(
+        self, event: EventSpec, dumped: tuple[str | None, bytes | None] | None = None
+    ) -> tuple[Any, ...]:
+        ptype, payload = dumped if dumped is not None else self.dump(event.payload)
         return (
             event.run_id,
             now(),
@@ -422,10 +424,14 @@ class JournalOps:
         """Record a step's result; False if the step was not ours to finish."""
         rtype, rdata = self.dump(result)
         yield Query(self.sql.COMPLETE_STEP, (now(), rtype, rdata, scope, step_key, owner))
-        rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
-        done = bool(rows) and rows[0][9] == owner and rows[0][6] == "completed"
+        rows = yield Query(self.sql.SELECT_STEP_OWNER, (scope, step_key), fetch=True)
+        done = bool(rows) and tuple(rows[0]) == (owner, "completed")
         if done and event is not None:
-            yield from self.log(event)
+            # The end event usually carries the result: stored once serialized, twice.
+            same = event.payload is result
+            yield Query(
+                self.sql.INSERT_EVENT, self._event_row(event, (rtype, rdata) if same else None)
+            )
         return done
 
     def fail(

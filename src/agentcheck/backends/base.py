@@ -441,6 +441,9 @@ class SQL:
         "owner, started_at, finished_at, args_type, args, result_type, result, error "
         "FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
     )
+    SELECT_STEP_OWNER = (
+        "SELECT owner, status FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
+    )
     SELECT_STEPS = (
         "SELECT scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
         "owner, started_at, finished_at, args_type, args, result_type, result, error "
