@@ -5,7 +5,8 @@ Two layers:
 * :class:`SafeSerializer` turns Python values into ``(type, bytes)`` with LangGraph's
   msgpack format in strict mode: no pickle, and a value whose type is not on the
   allowlist is refused *when it is written* (LangGraph's own strict mode only notices on
-  read, and then silently hands back raw data).
+  read, and then silently hands back raw data). A list of LangChain messages is stored
+  in one piece (:data:`MESSAGE_LIST`) rather than message by message.
 * :class:`Codec` turns ``(type, bytes)`` into what is stored: large payloads compressed
   with zlib, everything encrypted with AES-256-GCM when a key is given. The steps applied
   are recorded as suffixes of the type tag (``msgpack#z#aesgcm``), so a row says how to read it.
