@@ -3,10 +3,11 @@ official savers, and the helpers the workloads time with."""
 
 from __future__ import annotations
 
+import argparse
 import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from pg_server import PostgresServer  # noqa: E402
 
 __all__ = [
+    "DBS",
     "IMPLS",
     "POOL_KWARGS",
     "Databases",
@@ -34,6 +36,7 @@ __all__ = [
     "Progress",
     "PostgresServer",
     "Store",
+    "choices",
     "interleaved",
 ]
 
@@ -41,10 +44,23 @@ T = TypeVar("T")
 Impl = Literal["agentcheck", "official"]
 Db = Literal["sqlite", "postgres"]
 IMPLS: tuple[Impl, Impl] = ("agentcheck", "official")
+DBS: tuple[Db, ...] = ("sqlite", "postgres")
 
 # What the official docs pass to psycopg for PostgresSaver; both savers get the same pool.
 POOL_KWARGS: dict[str, Any] = {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
 POOL_MAX_SIZE = 10
+
+
+def choices(
+    parser: argparse.ArgumentParser, option: str, value: str, allowed: Sequence[str]
+) -> tuple[Any, ...]:
+    """The items of a comma-separated option, in ``allowed``'s order; an unknown or an
+    empty list is an error naming the option."""
+    chosen = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    unknown = [v for v in chosen if v not in allowed]
+    if unknown or not chosen:
+        parser.error(f"{option}: unknown {unknown or value!r}; choose from {', '.join(allowed)}")
+    return tuple(v for v in allowed if v in chosen)
 
 
 class Progress:

@@ -25,18 +25,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from langgraph.checkpoint.sqlite import SqliteSaver as OfficialSqliteSaver
 from pyinstrument import Profiler
 
-from agentcheck.backends import sqlite as sqlite_backend
-from agentcheck.savers import SqliteSaver
-
 from data import ChatThread, MessageCorpus, new_checkpoint_id
-from harness import Databases, Db, PostgresServer, Progress, open_official_sqlite
-from workloads import WINDOW, linear_graph
+from harness import DBS, IMPLS, Databases, Db, PostgresServer, Progress, choices
+from workloads import E2E_NODES, WINDOW, linear_graph, thread_config
 
 OPS = ("put", "put_writes", "get_tuple", "list", "e2e")
-DBS: tuple[Db, ...] = ("sqlite", "postgres")
 WAL_HEADER, FRAME_HEADER = 32, 24
 
 
@@ -46,11 +41,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(OPS), help=f"some of: {', '.join(OPS)}")
     parser.add_argument("--html", type=Path, metavar="DIR", help="also write HTML profiles here")
     args = parser.parse_args(argv)
-    args.dbs = [d.strip() for d in args.db.split(",") if d.strip()]
-    args.ops = [o.strip() for o in args.only.split(",") if o.strip()]
-    bad = [d for d in args.dbs if d not in DBS] + [o for o in args.ops if o not in OPS]
-    if bad or not args.dbs or not args.ops:
-        parser.error(f"unknown: {bad or 'nothing chosen'}; --db from {DBS}, --only from {OPS}")
+    args.dbs = choices(parser, "--db", args.db, DBS)
+    args.ops = choices(parser, "--only", args.only, OPS)
     return args
 
 
@@ -74,7 +66,12 @@ def profile_db(db: Db, databases: Databases, ops: Sequence[str], html: Path | No
         thread = ChatThread(saver, "chat", corpus, user="u-1", window=WINDOW, initial=WINDOW)
         for step in range(200):  # warm-up, and a thread to read
             thread.advance(new_checkpoint_id(step))
-        latest: Any = {"configurable": {"thread_id": "chat", "checkpoint_ns": ""}}
+        latest = thread_config("chat")
+
+        # The messages are built before profiling: the profile is of the saver, not of
+        # the benchmark's data (a put then only assembles its checkpoint around them).
+        for i in range(thread.next_message, thread.next_message + 500):
+            corpus.message(i)
 
         def puts() -> None:
             for step in range(200, 700):
@@ -85,9 +82,11 @@ def profile_db(db: Db, databases: Databases, ops: Sequence[str], html: Path | No
         other = ChatThread(saver, "writes", corpus, user="u-1", window=WINDOW, initial=WINDOW)
         other.advance(new_checkpoint_id(0))
 
+        messages = [corpus.message(100_000 + r) for r in range(500)]
+        task_writes = [[("messages", [m]), ("turn", r)] for r, m in enumerate(messages)]
+
         def put_writes() -> None:
-            for r in range(500):
-                writes = [("messages", [corpus.message(100_000 + r)]), ("turn", r)]
+            for r, writes in enumerate(task_writes):
                 saver.put_writes(other.config, writes, f"task-{r}", "~__pregel_pull, agent")
 
         def gets() -> None:
@@ -136,7 +135,7 @@ def record_graph_calls(saver: Any) -> list[tuple[str, tuple[Any, ...]]]:
     for name in originals:
         setattr(saver, name, recorder(name))
     try:
-        graph = linear_graph(10).compile(checkpointer=saver)
+        graph = linear_graph(E2E_NODES).compile(checkpointer=saver)
         graph.invoke({"count": 0}, {"configurable": {"thread_id": "recorded"}}, durability="sync")
     finally:
         for name in originals:
@@ -162,21 +161,15 @@ def wal_pages(path: Path, work: Callable[[], int]) -> tuple[float, collections.C
     return len(pages) / count, collections.Counter(owner.get(p, "?") for p in pages)
 
 
-def page_counts(tmp: Path) -> None:
+def page_counts(databases: Databases) -> None:
     print("\n=== SQLite pages written per transaction (WAL frames of 4 KiB) ===")
-    for impl in ("agentcheck", "official"):
-        _page_counts_of(impl, tmp / f"pages-{impl}.db")
+    for impl in IMPLS:
+        with databases.open(impl, "sqlite", "pages") as store:
+            _page_counts_of(impl, store.saver, databases.tmp / f"pages-{impl}.db")
 
 
-def _page_counts_of(impl: str, path: Path) -> None:
-    if impl == "agentcheck":
-        conn = sqlite_backend.connect(str(path))
-        saver: Any = SqliteSaver(conn)
-    else:
-        conn = open_official_sqlite(path)
-        saver = OfficialSqliteSaver(conn)
-    saver.setup()
-    conn.execute("PRAGMA wal_autocheckpoint=0")  # keep every frame in the WAL
+def _page_counts_of(impl: str, saver: Any, path: Path) -> None:
+    saver.conn.execute("PRAGMA wal_autocheckpoint=0")  # keep every frame in the WAL
     thread = ChatThread(saver, "chat", MessageCorpus(), user="u-1", window=WINDOW, initial=WINDOW)
     for step in range(100):
         thread.advance(new_checkpoint_id(step))
@@ -186,20 +179,20 @@ def _page_counts_of(impl: str, path: Path) -> None:
             thread.advance(new_checkpoint_id(step))
         return 300
 
-    graph = linear_graph(10).compile(checkpointer=saver)
+    graph = linear_graph(E2E_NODES).compile(checkpointer=saver)
+    writes_per_invoke = len(record_graph_calls(saver))
 
     def invokes() -> int:
         for i in range(30):
             config: Any = {"configurable": {"thread_id": f"g{i}"}}
             graph.invoke({"count": 0}, config, durability="sync")
-        return 30 * 23  # 12 puts and 11 put_writes per invoke
+        return 30 * writes_per_invoke
 
     for label, work in (("chat put", chat_puts), ("10-node graph, per write", invokes)):
         per, owners = wal_pages(path, work)
         total = sum(owners.values())
         top = ", ".join(f"{name} {n / total * per:.1f}" for name, n in owners.most_common(6))
         print(f"{impl:10s} {label:26s} {per:5.1f} pages   ({top})")
-    conn.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -217,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             profile_db(db, databases, args.ops, args.html)
         if "sqlite" in args.dbs:
             log("counting SQLite pages")
-            page_counts(tmp)
+            page_counts(databases)
     return 0
 
 

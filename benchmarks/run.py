@@ -28,13 +28,20 @@ import psycopg
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from data import MessageCorpus
-from harness import POOL_KWARGS, POOL_MAX_SIZE, Databases, Db, PostgresServer, Progress
+from harness import (
+    DBS,
+    POOL_KWARGS,
+    POOL_MAX_SIZE,
+    Databases,
+    PostgresServer,
+    Progress,
+    choices,
+)
 from report import Row, Summary, format_value, print_table, write_json
 from workloads import FILTER_THREADS, WINDOW, WORKLOADS, Context, filter_steps, measure_floor
 
 FLOOR = "floor"
 NAMES = (FLOOR, *WORKLOADS)
-DBS: tuple[Db, ...] = ("sqlite", "postgres")
 PACKAGES = (
     "agentcheck",
     "langgraph",
@@ -67,19 +74,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="databases to run on: sqlite, postgres (default: both)",
     )
     args = parser.parse_args(argv)
-    args.names = _choices(parser, "--only", args.only, NAMES) if args.only else NAMES
-    args.dbs = _choices(parser, "--db", args.db, DBS)
+    args.names = choices(parser, "--only", args.only, NAMES) if args.only else NAMES
+    args.dbs = choices(parser, "--db", args.db, DBS)
     return args
-
-
-def _choices(
-    parser: argparse.ArgumentParser, option: str, value: str, allowed: Sequence[str]
-) -> tuple[Any, ...]:
-    chosen = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
-    unknown = [v for v in chosen if v not in allowed]
-    if unknown or not chosen:
-        parser.error(f"{option}: unknown {unknown or value!r}; choose from {', '.join(allowed)}")
-    return tuple(v for v in allowed if v in chosen)
 
 
 def environment(pg: PostgresServer | None, databases: Databases) -> dict[str, Any]:
@@ -199,18 +196,14 @@ def floor_text(floor: dict[str, dict[str, Summary]]) -> str:
     return "\n".join(lines)
 
 
-# Writes whose target can be set against the raw-insert floor: metric -> the floor's size
-# closest to what the write stores (the chat put stores a delta of a message or two).
-FLOOR_OF_WRITE = {"put, 57 KB state": "100 B", "put_writes, 2 writes": "100 B"}
-
-
 def with_floor_notes(rows: Sequence[Row], floor: dict[str, dict[str, Summary]]) -> list[Row]:
-    """The write rows, with a note of what their target leaves next to the floor measured
-    in the same run: one 100-byte insert and its commit, which any durable write pays."""
+    """The write rows (those naming a floor size in ``extra["floor"]``), with a note of
+    what their target leaves next to that floor, measured in the same run: an insert of
+    that size and its commit, which any durable write pays."""
     noted = []
     for row in rows:
-        size = FLOOR_OF_WRITE.get(row.metric)
-        least = floor.get(row.db, {}).get(size or "")
+        size = row.extra.get("floor")
+        least = floor.get(row.db, {}).get(size) if size else None
         target = row.target
         if least is None or row.official is None or target is None or target.on != "ratio":
             noted.append(row)

@@ -7,13 +7,17 @@ sync API; :class:`SyncDriven` lets async harnesses (the conformance suite) do ex
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import psycopg
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 
 from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
 
@@ -125,23 +129,58 @@ def raw_sql(
         conn.close()
 
 
-async def chat_turns(kind: str, saver: Any, thread_id: str, turns: int) -> list[Any]:
-    """Run a one-node chat graph on ``saver`` for ``turns`` invokes (each adds the user's
-    message and a reply) and return the thread's messages."""
-    from langchain_core.messages import AIMessage, HumanMessage
-    from langgraph.graph import END, START, MessagesState, StateGraph
+# -- a chat graph: one node answering each question ---------------------------------------
 
-    builder: StateGraph[MessagesState] = StateGraph(MessagesState)
-    builder.add_node("agent", lambda s: {"messages": [AIMessage(f"reply {len(s['messages'])}")]})
-    builder.add_edge(START, "agent")
-    builder.add_edge("agent", END)
-    graph = builder.compile(checkpointer=saver)
-    config: Any = {"configurable": {"thread_id": thread_id}}
-    for turn in range(turns):
-        inputs = {"messages": [HumanMessage(f"turn {turn}", id=f"h{turn}")]}
-        if is_async(kind):
-            await graph.ainvoke(inputs, config)
-        else:
-            graph.invoke(inputs, config)
-    state = await graph.aget_state(config) if is_async(kind) else graph.get_state(config)
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+    turn: int
+
+
+def chat_graph() -> StateGraph[Chat]:
+    def reply(state: Chat) -> dict[str, Any]:
+        n = state["turn"]
+        return {"messages": [AIMessage(content=f"answer {n} " + "x" * 200, id=f"a{n}")]}
+
+    builder: StateGraph[Chat] = StateGraph(Chat)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    return builder
+
+
+async def run_chat(
+    graph: Any, kind: str, thread: str, end: int, *, start: int = 0, run_id: str | None = None
+) -> None:
+    """Turns ``start`` to ``end - 1`` of the chat, as one graph invocation each; with
+    ``run_id``, turn n runs as run ``f"{run_id}-{n}"`` (kept in its checkpoints' metadata;
+    LangGraph takes a repeated run id for a re-entry into the same run)."""
+    for n in range(start, end):
+        config: dict[str, Any] = {"configurable": {"thread_id": thread}}
+        if run_id is not None:
+            config["metadata"] = {"run_id": f"{run_id}-{n}"}
+        question = HumanMessage(content=f"question {n}", id=f"q{n}")
+        await call(graph, "invoke", kind, {"messages": [question], "turn": n}, config)
+
+
+async def chat_turns(kind: str, saver: Any, thread_id: str, turns: int) -> list[Any]:
+    """The chat graph run on ``saver`` for ``turns`` turns; the thread's messages."""
+    graph = chat_graph().compile(checkpointer=saver)
+    await run_chat(graph, kind, thread_id, turns)
+    state = await call(graph, "get_state", kind, {"configurable": {"thread_id": thread_id}})
     return list(state.values["messages"])
+
+
+@dataclasses.dataclass
+class XorCipher:
+    """A stand-in for pycryptodome's AES in LangGraph's EncryptedSerializer: reversible,
+    not secret, under any cipher name."""
+
+    name: str = "aes"
+
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return self.name, bytes(b ^ 0x5A for b in plaintext)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == self.name
+        return bytes(b ^ 0x5A for b in ciphertext)

@@ -249,10 +249,13 @@ class JournalOps:
         rows = yield Query(self.sql.INSERT_EVENT + " RETURNING seq", row, fetch=True)
         return int(rows[0][0])
 
-    def log(self, event: EventSpec) -> Operation[None]:
+    def log(
+        self, event: EventSpec, dumped: tuple[str | None, bytes | None] | None = None
+    ) -> Operation[None]:
         """Append an event whose ``seq`` nobody needs: no row comes back, so on
-        PostgreSQL it travels in the operation's pipeline without a round trip."""
-        yield Query(self.sql.INSERT_EVENT, self._event_row(event))
+        PostgreSQL it travels in the operation's pipeline without a round trip.
+        ``dumped``: its payload, serialized already."""
+        yield Query(self.sql.INSERT_EVENT, self._event_row(event, dumped))
         return None
 
     def _event_row(
@@ -427,11 +430,8 @@ class JournalOps:
         rows = yield Query(self.sql.SELECT_STEP_OWNER, (scope, step_key), fetch=True)
         done = bool(rows) and tuple(rows[0]) == (owner, "completed")
         if done and event is not None:
-            # The end event usually carries the result: stored once serialized, twice.
-            same = event.payload is result
-            yield Query(
-                self.sql.INSERT_EVENT, self._event_row(event, (rtype, rdata) if same else None)
-            )
+            # The end event usually carries the result: serialized once, stored twice.
+            yield from self.log(event, (rtype, rdata) if event.payload is result else None)
         return done
 
     def fail(

@@ -4,36 +4,17 @@ runs, and with encryption."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
-from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
+from langchain_core.messages import AIMessage, HumanMessage
 
 from agentcheck import generate_key
 from agentcheck.savers._deltas import window_shift
 
-from savers_support import KINDS, call, is_async, open_saver, raw_sql
+from savers_support import KINDS, call, chat_graph, is_async, open_saver, raw_sql, run_chat
 
 TURNS = 30
-
-
-class Chat(TypedDict):
-    messages: Annotated[list[AnyMessage], add_messages]
-    turn: int
-
-
-def chat_graph() -> StateGraph[Chat]:
-    def reply(state: Chat) -> dict[str, Any]:
-        n = state["turn"]
-        return {"messages": [AIMessage(content=f"answer {n} " + "x" * 200, id=f"a{n}")]}
-
-    builder: StateGraph[Chat] = StateGraph(Chat)
-    builder.add_node("reply", reply)
-    builder.add_edge(START, "reply")
-    builder.add_edge("reply", END)
-    return builder
 
 
 def expected(turns: int) -> list[str]:
@@ -47,20 +28,6 @@ async def history(graph: Any, kind: str, config: Any) -> list[Any]:
     if is_async(kind):
         return [s async for s in graph.aget_state_history(config)]
     return list(graph.get_state_history(config))
-
-
-async def run_chat(
-    graph: Any, kind: str, thread: str, end: int, *, start: int = 0, run_id: str | None = None
-) -> None:
-    """Turns ``start`` to ``end - 1`` of the chat, as one graph invocation each; with
-    ``run_id``, turn n runs as run ``f"{run_id}-{n}"`` (kept in its checkpoints' metadata;
-    LangGraph takes a repeated run id for a re-entry into the same run)."""
-    for n in range(start, end):
-        config: dict[str, Any] = {"configurable": {"thread_id": thread}}
-        if run_id is not None:
-            config["metadata"] = {"run_id": f"{run_id}-{n}"}
-        question = HumanMessage(content=f"question {n}", id=f"q{n}")
-        await call(graph, "invoke", kind, {"messages": [question], "turn": n}, config)
 
 
 def contents(state: Any) -> list[str]:

@@ -30,7 +30,15 @@ from langgraph.checkpoint.serde import jsonplus
 from agentcheck import CorruptDataError, UnsafeTypeError, generate_key
 from agentcheck.savers import PostgresSaver, SqliteSaver
 
-from savers_support import KINDS, chat_turns, is_async, is_postgres, open_saver, raw_sql
+from savers_support import (
+    KINDS,
+    XorCipher,
+    chat_turns,
+    is_async,
+    is_postgres,
+    open_saver,
+    raw_sql,
+)
 
 TABLES = (
     "agentcheck_schema",
@@ -659,21 +667,6 @@ async def test_reading_encrypted_rows_without_the_right_key_raises(
             assert await list_all(kind, reader, None, filter={"secret": secrets.meta}) == []
 
 
-@dataclasses.dataclass
-class _XorCipher:
-    """A stand-in for pycryptodome's AES in LangGraph's EncryptedSerializer: reversible,
-    not secret, under any cipher name."""
-
-    name: str = "aes"
-
-    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
-        return self.name, bytes(b ^ 0x5A for b in plaintext)
-
-    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
-        assert ciphername == self.name
-        return bytes(b ^ 0x5A for b in ciphertext)
-
-
 # "aes" is LangGraph's own AES; the others are named like agentcheck's codec steps.
 @pytest.mark.parametrize("cipher", ["aes", "aesgcm", "z"])
 @pytest.mark.parametrize("own_key", [False, True], ids=["their-cipher", "both"])
@@ -686,11 +679,11 @@ async def test_langgraphs_encrypted_serializer_works_as_with_the_official_savers
     whatever its cipher is called: its tags are never taken for agentcheck's."""
     from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-    serde = EncryptedSerializer(_XorCipher(cipher))  # type: ignore[arg-type]
+    serde = EncryptedSerializer(XorCipher(cipher))  # type: ignore[arg-type]
     extra: dict[str, Any] = {"encryption_key": generate_key()} if own_key else {}
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, serde=serde, **extra) as s:
         messages = await chat_turns(kind, s, "encrypted-by-langgraph", 10)
-    assert [m.content for m in messages][-2:] == ["turn 9", "reply 19"]
+    assert [m.content for m in messages][-2:] == ["question 9", "answer 9 " + "x" * 200]
     assert len(messages) == 20
     blobs = raw_sql(kind, sqlite_path, pg_url, "SELECT type FROM agentcheck_blobs")
     assert any(t.startswith("delta") for (t,) in blobs)  # tails serialized by their serde

@@ -25,6 +25,7 @@ from agentcheck.serde import MESSAGE_LIST
 from savers_support import (
     KINDS,
     SYNC_KINDS,
+    XorCipher,
     call,
     chat_turns,
     collect,
@@ -839,16 +840,6 @@ class Tone(enum.Enum):
     CALM = "calm"
 
 
-class _Identity:
-    """A cipher for LangGraph's EncryptedSerializer that changes nothing."""
-
-    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
-        return "none", plaintext
-
-    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
-        return ciphertext
-
-
 def test_a_message_list_read_by_another_serializer_uses_its_allowlist(sqlite_path: str) -> None:
     """Values inside a stored message list are decoded by the reading serializer's own
     hook: an enum its allowlist names comes back as the enum, not as its plain value."""
@@ -867,7 +858,7 @@ def test_a_message_list_read_by_another_serializer_uses_its_allowlist(sqlite_pat
         assert saver.get_tuple(stored).checkpoint["channel_values"]["messages"] == messages
     allowed = [(Tone.__module__, "Tone")]
     other = JsonPlusSerializer(pickle_fallback=False, allowed_msgpack_modules=allowed)
-    wrapping = EncryptedSerializer(_Identity(), other)  # type: ignore[arg-type]
+    wrapping = EncryptedSerializer(XorCipher("none"), other)  # type: ignore[arg-type]
     for serde in (other, wrapping):  # the allowlist of the one it wraps, for a wrapper
         with SqliteSaver.from_conn_string(sqlite_path, serde=serde) as saver:
             found = saver.get_tuple(stored)
