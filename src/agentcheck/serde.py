@@ -35,7 +35,15 @@ from pydantic import BaseModel
 from agentcheck._errors import CorruptDataError, UnsafeTypeError
 from agentcheck._extras import require
 
-__all__ = ["Codec", "MESSAGE_LIST", "SafeSerializer", "generate_key", "loads_message_list"]
+__all__ = [
+    "Codec",
+    "MESSAGE_LIST",
+    "SafeSerializer",
+    "generate_key",
+    "loads_message_list",
+    "message_rows",
+    "revive_rows",
+]
 
 _ENV_KEY = "AGENTCHECK_ENCRYPTION_KEY"
 # LangGraph's msgpack options, but refusing lone surrogates instead of writing "?".
@@ -237,9 +245,21 @@ _MESSAGE_HEAD = b"langchain_core.messages."
 def loads_message_list(data: bytes, ext_hook: Any) -> list[Any]:
     """The messages of a :data:`MESSAGE_LIST` payload; ``ext_hook`` decodes the values
     inside them that msgpack stores as extensions (a serializer's, with its allowlist)."""
+    return revive_rows(message_rows(data, ext_hook))
+
+
+def message_rows(data: bytes, ext_hook: Any) -> list[Any]:
+    """The rows of a :data:`MESSAGE_LIST` payload, unpacked but not yet made messages
+    (:func:`revive_rows` does that): a reader that keeps only some of them, the part of
+    a sliding window a later version still holds, builds only those."""
     rows = ormsgpack.unpackb(data, ext_hook=ext_hook, option=ormsgpack.OPT_NON_STR_KEYS)
     if type(rows) is not list:
         raise CorruptDataError("a stored message list is not a list")
+    return rows
+
+
+def revive_rows(rows: list[Any]) -> list[Any]:
+    """The messages of rows from :func:`message_rows`."""
     return [_revive_message(row) or _validated_message(row) for row in rows]
 
 

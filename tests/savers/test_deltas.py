@@ -4,15 +4,29 @@ runs, and with encryption."""
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from typing import Annotated, Any, TypedDict
 
+import ormsgpack
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langgraph.graph import END, START, StateGraph
 
-from agentcheck import generate_key
-from agentcheck.savers._deltas import window_shift
+from agentcheck import CorruptDataError, generate_key, serde
+from agentcheck.savers._deltas import pack_delta, unpack_delta, window_shift
+from agentcheck.serde import MESSAGE_LIST
 
-from savers_support import KINDS, call, chat_graph, is_async, open_saver, raw_sql, run_chat
+from savers_support import (
+    KINDS,
+    SYNC_KINDS,
+    call,
+    chat_graph,
+    collect,
+    is_async,
+    open_saver,
+    raw_sql,
+    run_chat,
+)
 
 TURNS = 30
 
@@ -257,3 +271,217 @@ def test_a_delete_while_a_put_is_in_flight_leaves_no_base_behind() -> None:
     remember()  # the put's commit
     delta, _ = deltas.plan(key, "v3", [*first, "m10", "m11"])
     assert delta is None  # stored whole: nothing remembered to build on
+
+
+# -- a sliding window: versions that drop messages from the front --------------------------
+
+WINDOW = 10  # lists from 8 items on are stored as deltas
+
+
+def slide(old: list[Any], new: list[Any]) -> list[Any]:
+    return (old + new)[-WINDOW:]
+
+
+class Window(TypedDict):
+    messages: Annotated[list[Any], slide]
+
+
+def window_graph() -> Any:
+    def answer(state: Window) -> dict[str, Any]:
+        n = len([m for m in state["messages"] if isinstance(m, HumanMessage)])
+        return {"messages": [AIMessage(content=f"answer {n}", id=f"a-{uuid.uuid4()}")]}
+
+    builder = StateGraph(Window)
+    builder.add_node("answer", answer)
+    builder.add_edge(START, "answer")
+    builder.add_edge("answer", END)
+    return builder
+
+
+async def slide_window(graph: Any, kind: str, config: Any, turns: range) -> None:
+    for n in turns:
+        question = HumanMessage(content=f"question {n}", id=f"q-{n}")
+        await call(graph, "invoke", kind, {"messages": [question]}, config)
+
+
+def messages_in(value: Any) -> int:
+    """How many messages a value holds, at any depth."""
+    if isinstance(value, BaseMessage):
+        return 1
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(messages_in(v) for v in value)
+    return 0
+
+
+async def window_at(saver: Any, kind: str, thread_id: str, checkpoint_id: str) -> Any:
+    """The checkpoint tuple of ``checkpoint_id``, read alone (``get_tuple``)."""
+    conf = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+    got = await call(saver, "get_tuple", kind, {"configurable": conf})
+    assert got is not None
+    return got
+
+
+def count_revivals(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many stored message rows become messages (by the fast path) from now on."""
+    counter = [0]
+    original = serde._revive_message
+
+    def counted(row: Any) -> Any:
+        counter[0] += 1
+        return original(row)
+
+    monkeypatch.setattr(serde, "_revive_message", counted)
+    return counter
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_sliding_window_reads_back_and_builds_only_the_messages_it_holds(
+    kind: str, sqlite_path: str, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each version of a window that slides is stored as a delta dropping messages from
+    the front of the one before; a read builds only the messages its version holds,
+    not those of the snapshot the window has since slid past."""
+    config = {"configurable": {"thread_id": "w"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = window_graph().compile(checkpointer=saver)
+        await slide_window(graph, kind, config, range(12))
+        written = {
+            s.config["configurable"]["checkpoint_id"]: s.values.get("messages", [])
+            for s in await history(graph, kind, config)
+        }
+    stored = [
+        saver.codec.decode(t, d)
+        for t, d in raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            "SELECT type, blob FROM agentcheck_blobs WHERE thread_id = ? AND channel = ?",
+            ("w", "messages"),
+        )
+    ]
+    deltas = [unpack_delta(data) for type_, data in stored if type_ == "delta"]
+    assert deltas and max(shift for _, shift, _, _ in deltas) >= 1  # the window slid
+    # The message rows stored: whole lists, and the tails of deltas.
+    rows = sum(len(ormsgpack.unpackb(data)) for type_, data in stored if type_ == MESSAGE_LIST)
+    rows += sum(len(ormsgpack.unpackb(tail)) for _, _, _, tail in deltas)
+
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        revived = count_revivals(monkeypatch)
+        for checkpoint_id, messages in written.items():
+            before = revived[0]
+            got = await window_at(fresh, kind, "w", checkpoint_id)
+            assert got.checkpoint["channel_values"].get("messages", []) == messages
+            # Every message it returns was built once: those of the window (which the
+            # others below do not share), the input's, the pending writes'.
+            assert revived[0] - before == messages_in(
+                [got.checkpoint["channel_values"], got.pending_writes]
+            )
+        # Listing them all builds each stored row once: the versions built from one
+        # snapshot share their messages.
+        before = revived[0]
+        listed = await collect(fresh, "list", kind, config)
+        windows = [t.checkpoint["channel_values"].get("messages", []) for t in listed]
+        assert windows == [written[t.config["configurable"]["checkpoint_id"]] for t in listed]
+        assert len({id(m) for window in windows for m in window}) == rows
+        others = [
+            (
+                {k: v for k, v in t.checkpoint["channel_values"].items() if k != "messages"},
+                t.pending_writes,
+            )
+            for t in listed
+        ]
+        assert revived[0] - before == rows + messages_in(others)
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_a_window_holding_other_values_than_messages_reads_back(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A delta whose new items are not all messages stores them in the serializer's own
+    format, built on a message list; while such an item is in the window, deltas of
+    messages are built on a list in that format. Every version reads back, alone
+    (``get_tuple``) and listed."""
+    config = {"configurable": {"thread_id": "m"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = window_graph().compile(checkpointer=saver)
+        await slide_window(graph, kind, config, range(6))
+        note = {"note": "not a message"}
+        await call(graph, "update_state", kind, config, {"messages": [note]})
+        await slide_window(graph, kind, config, range(6, 9))
+        written = {
+            s.config["configurable"]["checkpoint_id"]: s.values.get("messages", [])
+            for s in await history(graph, kind, config)
+        }
+        assert any(note in m for m in written.values())
+    by_version = {
+        version: saver.codec.decode(t, d)
+        for version, t, d in raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            "SELECT version, type, blob FROM agentcheck_blobs WHERE thread_id = ? AND channel = ?",
+            ("m", "messages"),
+        )
+    }
+
+    def all_message_rows(version: str) -> bool:
+        """Whether a version is stored as message rows all along its chain."""
+        type_, data = by_version[version]
+        if type_ != "delta":
+            return type_ == MESSAGE_LIST
+        base, _, tail_type, _ = unpack_delta(data)
+        return tail_type == MESSAGE_LIST and all_message_rows(base)
+
+    pairs = set()  # for each delta: (its base is message rows, its tail is)
+    for type_, data in by_version.values():
+        if type_ == "delta":
+            base, _, tail_type, _ = unpack_delta(data)
+            pairs.add((all_message_rows(base), tail_type == MESSAGE_LIST))
+    assert {(True, False), (False, True)} <= pairs
+
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        for checkpoint_id, messages in written.items():
+            got = await window_at(fresh, kind, "m", checkpoint_id)
+            assert got.checkpoint["channel_values"].get("messages", []) == messages
+        graph = window_graph().compile(checkpointer=fresh)
+        listed = await history(graph, kind, config)
+        assert {
+            s.config["configurable"]["checkpoint_id"]: s.values.get("messages", []) for s in listed
+        } == written
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_a_corrupt_message_in_a_delta_names_its_channel_and_checkpoint(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    config = {"configurable": {"thread_id": "c"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = window_graph().compile(checkpointer=saver)
+        await slide_window(graph, kind, config, range(7))
+        rows = raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            "SELECT version, type, blob FROM agentcheck_blobs WHERE thread_id = ? "
+            "AND channel = ? ORDER BY version DESC",
+            ("c", "messages"),
+        )
+        version, type_, data = rows[0]
+        assert type_.startswith("delta")
+        base, shift, _, _ = unpack_delta(saver.codec.decode(type_, data)[1])
+        bogus = ormsgpack.packb([["langchain_core.messages.ai", "NoSuchMessage", {}]])
+        raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            "UPDATE agentcheck_blobs SET blob = ? WHERE thread_id = ? AND version = ?",
+            (pack_delta(base, shift, MESSAGE_LIST, bogus), "c", version),
+        )
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        with pytest.raises(CorruptDataError) as excinfo:
+            await call(fresh, "get_tuple", kind, config)
+        message = str(excinfo.value)
+        assert "channel 'messages'" in message and "'c'" in message
+        assert "NoSuchMessage" in message

@@ -24,7 +24,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -49,7 +49,14 @@ from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import RunJournal
 from agentcheck.savers._terms import metadata_terms
-from agentcheck.serde import MESSAGE_LIST, Codec, SafeSerializer, loads_message_list
+from agentcheck.serde import (
+    MESSAGE_LIST,
+    Codec,
+    SafeSerializer,
+    loads_message_list,
+    message_rows,
+    revive_rows,
+)
 
 __all__ = ["SaverCore"]
 
@@ -85,7 +92,8 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
         yield items[start : start + size]
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ costs 4x as much, once per delta read.
+@dataclass(slots=True)
 class _Header:
     """A delta row, decoded: ``value = snapshot(base_version)[shift:] + tail``."""
 
@@ -93,6 +101,22 @@ class _Header:
     shift: int
     tail_type: str
     tail: bytes
+
+
+@dataclass(slots=True)
+class _Rows:
+    """A stored message list, unpacked but not yet made messages (see ``_value``)."""
+
+    rows: list[Any]
+
+
+@dataclass
+class _Decoded:
+    """The values one read has decoded, by (channel, version). ``lazy`` for a read of
+    one checkpoint: see ``_stored``."""
+
+    lazy: bool
+    values: dict[tuple[str, str], Any] = field(default_factory=dict)
 
 
 class SaverCore(RunJournal, BaseCheckpointSaver[str]):
@@ -149,12 +173,28 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         return self.codec.encode(*self.serde.dumps_typed(value))
 
     def _load(
-        self, type_: str, data: Any, what: str, cfg: tuple[str, str, str], *, row: bool = True
+        self,
+        type_: str,
+        data: Any,
+        what: str,
+        cfg: tuple[str, str, str],
+        *,
+        row: bool = True,
+        lazy: bool = False,
     ) -> Any:
         """A stored value, decoded; ``row=False`` for one the codec did not encode (the
-        tail inside a delta row, whose serializer's tag is taken as it is)."""
+        tail inside a delta row, whose serializer's tag is taken as it is). With
+        ``lazy``, a message list comes back as :class:`_Rows`."""
         try:
             decoded = self.codec.decode(type_, data) if row else (type_, bytes(data))
+            if lazy and decoded[0] == MESSAGE_LIST:
+                serde = self.serde
+                hook = (
+                    serde._ext_hook()
+                    if isinstance(serde, SafeSerializer)
+                    else self._ext_hook_of_serde()
+                )
+                return _Rows(message_rows(decoded[1], hook))
             if decoded[0] == MESSAGE_LIST and not isinstance(self.serde, SafeSerializer):
                 # Written by the default serializer, read by another one given since.
                 return loads_message_list(decoded[1], self._ext_hook_of_serde())
@@ -505,12 +545,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                     (writes_sort_key(path, task_id, idx), (task_id, channel, value))
                 )
 
-        caches: dict[tuple[str, str], dict[tuple[str, str], Any]] = {}
+        caches: dict[tuple[str, str], _Decoded] = {}
         result = []
         for key, parent_id, rest, meta, inline in decoded:
             thread_id, ns, checkpoint_id = key
             found = values[(thread_id, ns)]
-            ns_cache = caches.setdefault((thread_id, ns), {})
+            ns_cache = caches.get((thread_id, ns))
+            if ns_cache is None:
+                ns_cache = caches[(thread_id, ns)] = _Decoded(lazy=len(decoded) == 1)
             channel_values = dict(inline)
             for channel, version in rest.get("channel_versions", {}).items():
                 if channel in inline:
@@ -620,10 +662,28 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         found: Mapping[tuple[str, str], tuple[str, Any]],
         pair: tuple[str, str],
         where: tuple[str, str, str],
-        cache: dict[tuple[str, str], Any],
+        decoded: _Decoded,
     ) -> Any:
-        """The value stored at (channel, version), decoded once per call site, a delta
+        """The value stored at (channel, version), decoded once per read, a delta
         rebuilt from the version before it."""
+        value = self._stored(found, pair, where, decoded)
+        if type(value) is _Rows:
+            return self._messages(value, pair[0], where)
+        return value
+
+    def _stored(
+        self,
+        found: Mapping[tuple[str, str], tuple[str, Any]],
+        pair: tuple[str, str],
+        where: tuple[str, str, str],
+        decoded: _Decoded,
+    ) -> Any:
+        """``_value``, but, when ``decoded.lazy``, a message list is left as its rows: a
+        version built from another keeps only the rows it needs, so the messages a
+        window slid past (up to one per delta along the chain) are never built. A read
+        of several checkpoints decodes eagerly: the versions along a chain are then
+        mostly returned too, and share the messages of the one they are built from."""
+        cache = decoded.values
         if pair in cache:
             return cache[pair]
         channel = pair[0]
@@ -636,13 +696,39 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                     f"{where[0]!r} (namespace {where[1]!r}): the stored version it is built "
                     f"from, {data.base_version!r}, is missing"
                 )
-            base = self._value(found, base_pair, where, cache)
-            tail = self._load(data.tail_type, data.tail, f"channel {channel!r}", where, row=False)
-            value = [*base[data.shift :], *tail]
+            base = self._stored(found, base_pair, where, decoded)
+            tail = self._load(
+                data.tail_type,
+                data.tail,
+                f"channel {channel!r}",
+                where,
+                row=False,
+                lazy=decoded.lazy,
+            )
+            if type(base) is _Rows and type(tail) is _Rows:
+                value: Any = _Rows([*base.rows[data.shift :], *tail.rows])
+            else:
+                head: list[Any] = (
+                    self._messages(_Rows(base.rows[data.shift :]), channel, where)
+                    if type(base) is _Rows
+                    else base[data.shift :]
+                )
+                rest = self._messages(tail, channel, where) if type(tail) is _Rows else tail
+                value = [*head, *rest]
         else:
-            value = self._load(type_, data, f"channel {channel!r}", where)
+            value = self._load(type_, data, f"channel {channel!r}", where, lazy=decoded.lazy)
         cache[pair] = value
         return value
+
+    def _messages(self, value: _Rows, channel: str, where: tuple[str, str, str]) -> list[Any]:
+        try:
+            return revive_rows(value.rows)
+        except Exception as exc:
+            thread_id, ns, checkpoint_id = where
+            raise CorruptDataError(
+                f"cannot read channel {channel!r} of checkpoint {checkpoint_id!r} in thread "
+                f"{thread_id!r} (namespace {ns!r}): {exc}"
+            ) from exc
 
     def _delta_channel_history(
         self, config: RunnableConfig, channels: Sequence[str]
@@ -694,7 +780,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 if (ch, version) in stored:
                     seed_depth[ch] = depth
                     key = (thread_id, ns, ancestors[depth][0])
-                    result[ch]["seed"] = self._value(stored, (ch, version), key, {})
+                    result[ch]["seed"] = self._value(
+                        stored, (ch, version), key, _Decoded(lazy=True)
+                    )
                     break
         deepest = max((seed_depth.get(ch, len(ancestors) - 1) for ch in channels), default=0)
         depth_of = {row[0]: d for d, row in enumerate(ancestors[: deepest + 1])}
