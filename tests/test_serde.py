@@ -5,6 +5,7 @@ validation would change something."""
 from __future__ import annotations
 
 import enum
+import os
 import sys
 import threading
 from typing import Any
@@ -440,3 +441,35 @@ def test_the_codec_refuses_a_serializer_tag_it_could_not_tell_from_its_own() -> 
         "msgpack+z",
         b"x" * 100,
     )
+
+
+@pytest.mark.parametrize("compression", ["zlib", "zstd"])
+def test_the_codec_compresses_with_either_and_reads_both(compression: str) -> None:
+    """A row says how it was compressed: a codec reads rows of the other kind too (a
+    database written by SQLite and PostgreSQL savers alike, or before a change)."""
+    data = b"compressible text " * 1000
+    key = serde_module.generate_key()
+    for codec in (
+        Codec(compression=compression, compress_threshold=1024),
+        Codec(compression=compression, compress_threshold=1024, encryption_key=key),
+    ):
+        type_, stored = codec.encode("msgpack", data)
+        assert type_.startswith("msgpack" + ("#zs" if compression == "zstd" else "#z"))
+        assert len(stored) < len(data) // 10
+        assert codec.decode(type_, stored) == ("msgpack", data)
+        other = "zlib" if compression == "zstd" else "zstd"
+        reader = Codec(compression=other, encryption_key=key if codec.encrypted else None)
+        assert reader.decode(type_, stored) == ("msgpack", data)
+    # Below the threshold, stored as it is; incompressible data too.
+    assert Codec(compression=compression).encode("msgpack", b"short") == ("msgpack", b"short")
+    noise = os.urandom(512)
+    assert Codec(compression=compression).encode("bytes", noise, compress=True)[0] == "bytes"
+
+
+def test_corrupt_compressed_rows_and_unknown_compressions_are_named() -> None:
+    with pytest.raises(CorruptDataError, match=r"corrupt compressed data \(zstd\)"):
+        Codec().decode("msgpack#zs", b"\x28\xb5\x2f\xfd garbage")
+    with pytest.raises(CorruptDataError, match="corrupt compressed data"):
+        Codec().decode("msgpack#z", b"garbage")
+    with pytest.raises(ValueError, match="compression must be 'zlib' or 'zstd', not 'lz4'"):
+        Codec(compression="lz4")

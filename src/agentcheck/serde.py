@@ -8,8 +8,9 @@ Two layers:
   read, and then silently hands back raw data). A list of LangChain messages is stored
   in one piece (:data:`MESSAGE_LIST`) rather than message by message.
 * :class:`Codec` turns ``(type, bytes)`` into what is stored: large payloads compressed
-  with zlib, everything encrypted with AES-256-GCM when a key is given. The steps applied
-  are recorded as suffixes of the type tag (``msgpack#z#aesgcm``), so a row says how to read it.
+  (zlib, or zstd on PostgreSQL), everything encrypted with AES-256-GCM when a key is
+  given. The steps applied are recorded as suffixes of the type tag
+  (``msgpack#z#aesgcm``, ``msgpack#zs``), so a row says how to read it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import hmac
 import os
 import re
 import sys
+import threading
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import ormsgpack
@@ -51,7 +54,8 @@ _EXACT_TEXT_OPTION = _jp._option & ~ormsgpack.OPT_REPLACE_SURROGATES
 # The codec's steps are marked with "#", which no serializer's tag may contain:
 # LangGraph's EncryptedSerializer, say, ends its tags with "+" and a cipher's name.
 _MARK = "#"
-_COMPRESSED = _MARK + "z"
+_COMPRESSED = _MARK + "z"  # zlib
+_ZSTD = _MARK + "zs"
 _ENCRYPTED = _MARK + "aesgcm"
 _NONCE_BYTES = 12
 # Type tag of a list of LangChain messages stored as msgpack ``[[module, name, fields],
@@ -443,13 +447,47 @@ def _parse_key(key: bytes | str) -> bytes:
     return raw
 
 
+class _Zstd:
+    """zstd (level 1) contexts, one per thread: a context may not be used by two threads
+    at once, and making one per call costs a few microseconds."""
+
+    def __init__(self) -> None:
+        self._zstd = require("zstandard", "postgres")
+        self._local = threading.local()
+
+    def compress(self, data: bytes) -> bytes:
+        ctx = getattr(self._local, "compressor", None)
+        if ctx is None:
+            ctx = self._local.compressor = self._zstd.ZstdCompressor(level=1)
+        return ctx.compress(data)  # type: ignore[no-any-return]
+
+    def decompress(self, data: bytes) -> bytes:
+        ctx = getattr(self._local, "decompressor", None)
+        if ctx is None:
+            ctx = self._local.decompressor = self._zstd.ZstdDecompressor()
+        return ctx.decompress(data)  # type: ignore[no-any-return]
+
+
+_ZSTD_CONTEXTS: list[_Zstd] = []
+
+
+def _zstd() -> _Zstd:
+    if not _ZSTD_CONTEXTS:
+        _ZSTD_CONTEXTS.append(_Zstd())
+    return _ZSTD_CONTEXTS[0]
+
+
 class Codec:
     """Compression and optional encryption of stored payloads.
 
     Args:
         encryption_key: 32 raw bytes or URL-safe base64 of them. When omitted, the
             ``AGENTCHECK_ENCRYPTION_KEY`` environment variable is used if set.
-        compress_threshold: payloads of at least this many bytes are zlib-compressed.
+        compress_threshold: payloads of at least this many bytes are compressed.
+        compression: ``"zlib"`` (level 1), or ``"zstd"`` (level 1; needs the
+            ``zstandard`` package, in ``agentcheck[postgres]``): as small, and it
+            compresses about 2x and decompresses about 4x faster. Rows of either kind
+            are read whichever is set.
     """
 
     def __init__(
@@ -457,10 +495,19 @@ class Codec:
         *,
         encryption_key: bytes | str | None = None,
         compress_threshold: int = 65536,
+        compression: str = "zlib",
     ) -> None:
         if encryption_key is None:
             encryption_key = os.environ.get(_ENV_KEY) or None
+        if compression not in ("zlib", "zstd"):
+            raise ValueError(f"compression must be 'zlib' or 'zstd', not {compression!r}")
         self.compress_threshold = compress_threshold
+        self.compression = compression
+        self._compress: Callable[[bytes], bytes]
+        if compression == "zstd":
+            self._compress, self._compressed = _zstd().compress, _ZSTD
+        else:
+            self._compress, self._compressed = partial(zlib.compress, level=1), _COMPRESSED
         self._aead: Any = None
         self._term_key: bytes | None = None
         if encryption_key is not None:
@@ -486,9 +533,9 @@ class Codec:
                 "uses to mark compression and encryption: the row could not be read back"
             )
         if compress or len(data) >= self.compress_threshold:
-            packed = zlib.compress(data, 1)
+            packed = self._compress(data)
             if len(packed) < len(data):
-                type_, data = type_ + _COMPRESSED, packed
+                type_, data = type_ + self._compressed, packed
         if self._aead is not None:
             nonce = os.urandom(_NONCE_BYTES)
             type_, data = type_ + _ENCRYPTED, nonce + self._aead.encrypt(nonce, data, None)
@@ -515,6 +562,13 @@ class Codec:
             except zlib.error as exc:
                 raise CorruptDataError(f"corrupt compressed data: {exc}") from exc
             type_ = type_[: -len(_COMPRESSED)]
+        elif type_.endswith(_ZSTD):
+            zstd = _zstd()  # without the package: MissingExtraError, naming the extra
+            try:
+                data = zstd.decompress(data)
+            except Exception as exc:  # zstandard.ZstdError
+                raise CorruptDataError(f"corrupt compressed data (zstd): {exc}") from exc
+            type_ = type_[: -len(_ZSTD)]
         return type_, data
 
     def term(self, text: str) -> str:

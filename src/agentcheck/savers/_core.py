@@ -130,6 +130,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             pending writes, metadata) with AES-256-GCM; needs ``agentcheck[encryption]``.
             Defaults to the ``AGENTCHECK_ENCRYPTION_KEY`` environment variable.
         compress_threshold: payloads of at least this many bytes are compressed.
+        compression: how: ``"zlib"`` or ``"zstd"`` (see :class:`~agentcheck.serde.Codec`).
         journal_nodes: record runs and node events of the graphs using this saver in the
             journal (docs/journal.md), in the same transaction as their checkpoints.
     """
@@ -143,10 +144,15 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
         compress_threshold: int = 65536,
+        compression: str = "zlib",
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(serde=serde or SafeSerializer(allowed_types=allowed_types))
-        self.codec = Codec(encryption_key=encryption_key, compress_threshold=compress_threshold)
+        self.codec = Codec(
+            encryption_key=encryption_key,
+            compress_threshold=compress_threshold,
+            compression=compression,
+        )
         self.journal_nodes = journal_nodes
         self.journal_ops = JournalOps(self)
         self.list_deltas = ListDeltas()

@@ -1,6 +1,6 @@
 """PostgreSQL savers: for work shared by many processes or machines.
 
-Requires ``pip install 'agentcheck[postgres]'`` (psycopg 3 and psycopg-pool).
+Requires ``pip install 'agentcheck[postgres]'`` (psycopg 3, psycopg-pool and zstandard).
 """
 
 from __future__ import annotations
@@ -19,6 +19,12 @@ __all__ = ["AsyncPostgresSaver", "PostgresSaver"]
 
 T = TypeVar("T")
 
+# Values from 2 KiB up are compressed here, with zstd, rather than by the server: PostgreSQL
+# compresses a row of that size itself (pglz) when it stores it, about 5x slower than zstd
+# (0.8 ms for a 57 KB chat, which zstd compresses to 10% fewer bytes), and decompresses
+# it for every read before sending the whole of it (docs/savers.md, "Storage").
+PG_COMPRESS_THRESHOLD = 2048
+
 
 class PostgresSaver(SyncSaver):
     """A LangGraph checkpointer in PostgreSQL (drop-in for ``langgraph-checkpoint-postgres``).
@@ -33,7 +39,9 @@ class PostgresSaver(SyncSaver):
         conn: a psycopg ``Connection`` or, recommended, a ``psycopg_pool.ConnectionPool``
             (broken connections are then replaced and the operation retried). Any
             ``row_factory`` and autocommit setting works.
-        serde, allowed_types, encryption_key, compress_threshold, journal_nodes: see
+        compress_threshold: values of at least this many bytes (2 KiB) are compressed
+            with zstd before they are sent.
+        serde, allowed_types, encryption_key, journal_nodes: see
             :class:`~agentcheck.savers._core.SaverCore`.
     """
 
@@ -47,7 +55,7 @@ class PostgresSaver(SyncSaver):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 65536,
+        compress_threshold: int = PG_COMPRESS_THRESHOLD,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(
@@ -55,6 +63,7 @@ class PostgresSaver(SyncSaver):
             allowed_types=allowed_types,
             encryption_key=encryption_key,
             compress_threshold=compress_threshold,
+            compression="zstd",
             journal_nodes=journal_nodes,
         )
         self.conn = conn
@@ -110,7 +119,7 @@ class AsyncPostgresSaver(AsyncSaver):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 65536,
+        compress_threshold: int = PG_COMPRESS_THRESHOLD,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(
@@ -118,6 +127,7 @@ class AsyncPostgresSaver(AsyncSaver):
             allowed_types=allowed_types,
             encryption_key=encryption_key,
             compress_threshold=compress_threshold,
+            compression="zstd",
             journal_nodes=journal_nodes,
         )
         self.conn = conn
