@@ -113,6 +113,21 @@ async def collect(obj: Any, method: str, kind: str, *args: Any, **kwargs: Any) -
     return list(getattr(obj, method)(*args, **kwargs))
 
 
+async def every_checkpoint(kind: str, saver: Any, thread_id: str) -> dict[str, Any]:
+    """Each checkpoint of a thread read alone (get_tuple), by id: (values, writes)."""
+    config = {"configurable": {"thread_id": thread_id}}
+    ids = [
+        t.config["configurable"]["checkpoint_id"]
+        for t in await collect(saver, "list", kind, config)
+    ]
+    found = {}
+    for checkpoint_id in ids:
+        conf = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+        got = await call(saver, "get_tuple", kind, {"configurable": conf})
+        found[checkpoint_id] = (got.checkpoint["channel_values"], got.pending_writes)
+    return found
+
+
 def raw_sql(
     kind: str, sqlite_path: str, pg_url: str, sql: str, params: tuple[Any, ...] = ()
 ) -> list[tuple[Any, ...]]:

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+import psycopg_pool
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config
 
@@ -21,7 +22,17 @@ from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends import sqlite as sqlite_backend
 from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
 
-from savers_support import KINDS, is_async, is_postgres, open_saver, raw_sql
+from savers_support import (
+    KINDS,
+    chat_graph,
+    chat_turns,
+    every_checkpoint,
+    is_async,
+    is_postgres,
+    open_saver,
+    raw_sql,
+    run_chat,
+)
 
 TABLES = {
     "agentcheck_schema",
@@ -332,3 +343,75 @@ def test_two_processes_set_up_a_fresh_postgres_database_at_once(pg_url: str) -> 
     _setup_from_processes_at_once("postgres", pg_url)
     assert schema_versions("postgres", "", pg_url) == list(range(1, len(pg_backend.MIGRATIONS) + 1))
     assert TABLES <= existing_tables("postgres", "", pg_url)
+
+
+# --------------------------------------------------------------------------- 5. upgrades
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_version_2_database_is_upgraded_and_its_rows_read_back(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """Migration 3 adds the checkpoints' ``blob_keys`` (what a read looks up, so that one
+    statement reads a checkpoint and its values). Rows written before have none: they
+    are read as before, in two steps, and read back the same."""
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        await chat_turns(kind, saver, "chat", 12)  # deltas, snapshots, pending writes
+        before = await every_checkpoint(kind, saver, "chat")
+    assert len(before) > 30
+    # The database as version 2 left it: no column, no record of migration 3.
+    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_checkpoints DROP COLUMN blob_keys")
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version = 3")
+
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3]
+        keys = raw_sql(kind, sqlite_path, pg_url, "SELECT blob_keys FROM agentcheck_checkpoints")
+        assert keys and all(k is None for (k,) in keys)
+        assert await every_checkpoint(kind, upgraded, "chat") == before
+        # New checkpoints get their keys, and the thread goes on.
+        graph = chat_graph().compile(checkpointer=upgraded)
+        await run_chat(graph, kind, "chat", 14, start=12)
+        state = await call(kind, graph, "get_state", {"configurable": {"thread_id": "chat"}})
+        contents = [str(m.content).split(" x")[0] for m in state.values["messages"]]
+        assert contents == [f"{q} {n}" for n in range(14) for q in ("question", "answer")]
+    keys = raw_sql(kind, sqlite_path, pg_url, "SELECT blob_keys FROM agentcheck_checkpoints")
+    assert sum(k is not None for (k,) in keys) == len(keys) - len(before)
+
+
+@pytest.mark.parametrize("kind", ["postgres", "async_postgres"])
+async def test_an_upgrade_leaves_prepared_statements_working(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """Connections that prepare every statement (prepare_threshold=0, as LangGraph's docs
+    advise) keep working after setup() applied a migration that alters a table: psycopg
+    drops its prepared statements after an ALTER, and in pipeline mode would drop the
+    next one it prepares too, making every later put fail."""
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        await chat_turns(kind, saver, "chat", 2)
+    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_checkpoints DROP COLUMN blob_keys")
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version = 3")
+
+    # A pool as LangGraph's docs make one (agentcheck's own pools check each connection
+    # they hand out, a query that happens to send the DEALLOCATE ALL first).
+    kwargs = {"autocommit": True, "prepare_threshold": 0}
+    if is_async(kind):
+        pool: Any = psycopg_pool.AsyncConnectionPool(
+            pg_url, min_size=1, max_size=1, kwargs=kwargs, open=False
+        )
+        await pool.open()
+        upgraded: Any = AsyncPostgresSaver(pool)
+    else:
+        pool = psycopg_pool.ConnectionPool(
+            pg_url, min_size=1, max_size=1, kwargs=kwargs, open=False
+        )
+        pool.open()
+        upgraded = PostgresSaver(pool)
+    try:
+        await setup(kind, upgraded)
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3]
+        graph = chat_graph().compile(checkpointer=upgraded)
+        await run_chat(graph, kind, "chat", 6, start=2)
+        state = await call(kind, graph, "get_state", {"configurable": {"thread_id": "chat"}})
+        assert len(state.values["messages"]) == 12
+    finally:
+        await pool.close() if is_async(kind) else pool.close()

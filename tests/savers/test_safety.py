@@ -34,6 +34,7 @@ from savers_support import (
     KINDS,
     XorCipher,
     chat_turns,
+    every_checkpoint,
     is_async,
     is_postgres,
     open_saver,
@@ -691,3 +692,30 @@ async def test_langgraphs_encrypted_serializer_works_as_with_the_official_savers
     types = {t for (t,) in raw_sql(kind, sqlite_path, pg_url, "SELECT type FROM agentcheck_writes")}
     suffix = f"+{cipher}" + ("#aesgcm" if own_key else "")  # theirs, then ours
     assert types == {"msgpack" + suffix, "null" + suffix}  # "null": a None written
+
+
+# What a checkpoint row's blob_keys may be made to hold: text that is not the keys' JSON
+# (SQLite), arrays of other shapes (PostgreSQL), keys that name the wrong rows, none.
+TAMPERED_KEYS = {
+    "sqlite": ["not json", '{"messages": 5}', "[1, 2]", "{}", '{"messages": ["nope"]}', None],
+    "postgres": ["{}", "{a}", "{{a,b},{c,d}}", "[0:1]={x,y}", "{messages,nope}", None],
+}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_checkpoint_values_read_back_whatever_their_blob_keys_hold(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A checkpoint row's ``blob_keys`` only spares a read a round trip: whatever it is
+    changed to, each checkpoint reads back the same (the values it did not look up, or
+    looked up under other keys, are looked up as they were before the column)."""
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        await chat_turns(kind, saver, "chat", 10)
+        before = await every_checkpoint(kind, saver, "chat")
+    assert len(before) > 25
+    for keys in TAMPERED_KEYS[kind]:
+        raw_sql(
+            kind, sqlite_path, pg_url, "UPDATE agentcheck_checkpoints SET blob_keys = ?", (keys,)
+        )
+        async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+            assert await every_checkpoint(kind, fresh, "chat") == before, keys

@@ -13,7 +13,8 @@ parameters, never as SQL text.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Sequence
+import json
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -219,12 +220,13 @@ class SQL:
 
     UPSERT_CHECKPOINT = (
         "INSERT INTO agentcheck_checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
-        "parent_checkpoint_id, run_id, type, checkpoint, metadata_type, metadata) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "parent_checkpoint_id, run_id, type, checkpoint, metadata_type, metadata, blob_keys) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET "
         "parent_checkpoint_id = excluded.parent_checkpoint_id, run_id = excluded.run_id, "
         "type = excluded.type, checkpoint = excluded.checkpoint, "
-        "metadata_type = excluded.metadata_type, metadata = excluded.metadata"
+        "metadata_type = excluded.metadata_type, metadata = excluded.metadata, "
+        "blob_keys = excluded.blob_keys"
     )
     INSERT_BLOB = (
         "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
@@ -261,6 +263,45 @@ class SQL:
         "checkpoint, metadata_type, metadata FROM agentcheck_checkpoints "
         "WHERE thread_id = ? AND checkpoint_ns = ? ORDER BY checkpoint_id DESC LIMIT 1"
     )
+    # A checkpoint and all that a read of it needs, in one statement (one round trip on
+    # PostgreSQL, one statement and no transaction on SQLite): the checkpoint row (part
+    # 0), the stored values its ``blob_keys`` name (part 1; {blobs} expands that JSON
+    # object of channel -> versions and looks each up), and its pending writes (part 2).
+    # {where}: which checkpoint.
+    _GET_TUPLE = (
+        "WITH c AS (SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, "
+        "type, checkpoint, metadata_type, metadata, blob_keys FROM agentcheck_checkpoints "
+        "WHERE thread_id = ? AND checkpoint_ns = ? {where}) "
+        "SELECT 0, c.checkpoint_id, c.parent_checkpoint_id, c.metadata_type, "
+        "CAST(NULL AS INTEGER), c.type, c.checkpoint, c.metadata, c.blob_keys FROM c "
+        "UNION ALL SELECT 1, {blobs} "
+        "UNION ALL SELECT 2, w.task_id, w.channel, w.task_path, w.idx, w.type, w.blob, "
+        "NULL, NULL FROM c JOIN agentcheck_writes w ON w.thread_id = c.thread_id "
+        "AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id"
+    )
+    # Part 1 has a row for each key the statement looked up, found or not (then without
+    # type and value), so the reader knows what it need not look up again, whatever the
+    # column holds. Here the keys are a JSON object, channel -> versions, expanded by
+    # SQLite's JSON functions (PostgreSQL's keys are in its class); a text that is not
+    # JSON names no key. CROSS JOIN fixes SQLite's join order: the keys first, each then
+    # a primary-key look-up, not a scan of the thread's values testing each against them.
+    _BLOBS_OF_KEYS = (
+        "ch.key, v.value, NULL, NULL, b.type, b.blob, NULL, NULL FROM c "
+        "CROSS JOIN json_each(CASE WHEN json_valid(c.blob_keys) THEN c.blob_keys END) AS ch "
+        "CROSS JOIN json_each(ch.value) AS v "
+        "LEFT JOIN agentcheck_blobs b ON b.thread_id = c.thread_id "
+        "AND b.checkpoint_ns = c.checkpoint_ns AND b.channel = ch.key AND b.version = v.value"
+    )
+    GET_TUPLE_BY_ID = _GET_TUPLE.format(where="AND checkpoint_id = ?", blobs=_BLOBS_OF_KEYS)
+    GET_TUPLE_LATEST = _GET_TUPLE.format(
+        where="ORDER BY checkpoint_id DESC LIMIT 1", blobs=_BLOBS_OF_KEYS
+    )
+
+    @staticmethod
+    def encode_blob_keys(keys: Mapping[str, Sequence[str]]) -> Any:
+        """The ``blob_keys`` column's value for these keys."""
+        return json.dumps(keys, ensure_ascii=False, separators=(",", ":"))
+
     # List queries are assembled from these fragments by the saver core. A filtered list
     # is driven from the metadata terms index (its first term), not from a table scan.
     LIST_SELECT = (
@@ -362,10 +403,10 @@ class SQL:
     )
     COPY_THREAD = (
         "INSERT INTO agentcheck_checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
-        "parent_checkpoint_id, run_id, type, checkpoint, metadata_type, metadata) "
+        "parent_checkpoint_id, run_id, type, checkpoint, metadata_type, metadata, blob_keys) "
         "SELECT ?, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, "
-        "checkpoint, metadata_type, metadata FROM agentcheck_checkpoints WHERE thread_id = ? "
-        "ON CONFLICT DO NOTHING",
+        "checkpoint, metadata_type, metadata, blob_keys FROM agentcheck_checkpoints "
+        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
         "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
         "SELECT ?, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
         "WHERE thread_id = ? ON CONFLICT DO NOTHING",
@@ -528,12 +569,21 @@ _V2 = (
 )
 
 
-def portable_migrations(blob_type: str, serial_type: str) -> tuple[tuple[str, ...], ...]:
-    """The migrations shared by both databases, given the binary column type and the
-    type of an auto-assigned integer primary key."""
+# Migration 3: which stored values a checkpoint reads (its channels' versions and the
+# versions their deltas are built from; see SQL.encode_blob_keys), so that one statement
+# reads the checkpoint and its values. NULL in rows written before: they are read in two
+# steps, as then.
+_V3 = ("ALTER TABLE agentcheck_checkpoints ADD COLUMN blob_keys {keys}",)
+
+
+def portable_migrations(
+    blob_type: str, serial_type: str, keys_type: str
+) -> tuple[tuple[str, ...], ...]:
+    """The migrations shared by both databases, given the binary column type, the type
+    of an auto-assigned integer primary key, and that of the checkpoints' blob keys."""
     return tuple(
-        tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
-        for migration in (_V1, _V2)
+        tuple(stmt.format(blob=blob_type, serial=serial_type, keys=keys_type) for stmt in migration)
+        for migration in (_V1, _V2, _V3)
     )
 
 

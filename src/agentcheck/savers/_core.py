@@ -111,6 +111,36 @@ class _Rows:
 
 
 @dataclass
+class _Fetched:
+    """What the statement that read a checkpoint row brought along: the stored values
+    it looked up (``asked``: the keys its ``blob_keys`` named, found or not), and the
+    checkpoint's writes."""
+
+    blobs: dict[tuple[str, str], tuple[str, Any]]
+    asked: set[tuple[str, str]]
+    writes: Rows
+
+
+def _blob_keys(
+    versions: Mapping[str, Any], inline: Mapping[str, Any], bases: Mapping[str, list[str]]
+) -> dict[str, list[str]] | None:
+    """The stored values a read of the checkpoint looks up (those of its channels not
+    kept in its row, and the versions their deltas are built from), for its
+    ``blob_keys`` column; None if a name could not be stored as text."""
+    keys: dict[str, list[str]] = {ch: [str(v)] for ch, v in versions.items() if ch not in inline}
+    for ch, chain in bases.items():
+        keys.setdefault(ch, []).extend(chain)
+    try:
+        for ch, names in keys.items():
+            ch.encode()
+            for version in names:
+                version.encode()
+    except UnicodeEncodeError:  # a lone surrogate: the row is read the older way
+        return None
+    return keys
+
+
+@dataclass
 class _Decoded:
     """The values one read has decoded, by (channel, version). ``lazy`` for a read of
     one checkpoint: see ``_stored``."""
@@ -302,6 +332,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         bases.update(planned)
         if bases:
             rest[BASES_KEY] = bases
+        keys = _blob_keys(versions, inline, bases)
+        blob_keys = None if keys is None else self.sql.encode_blob_keys(keys)
         # A large checkpoint row (a graph of many channels) is compressed; a small one is
         # not worth the time at every put and read (docs/savers.md, "Storage"). Not when
         # encrypting: the row may mix short values from different sources, and compressed
@@ -334,7 +366,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             yield Query(self.sql.INSERT_BLOB, blob_rows, many=True)
         yield Query(
             self.sql.UPSERT_CHECKPOINT,
-            (*key, parent_id, run_term, cp_type, cp_data, meta_type, meta_data),
+            (*key, parent_id, run_term, cp_type, cp_data, meta_type, meta_data, blob_keys),
         )
         if 0 < len(terms) <= _CHUNK:
             # The terms it had and no longer has (a checkpoint stored again), then the
@@ -398,14 +430,29 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         ns = str(conf.get("checkpoint_ns", ""))
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id:
-            rows = yield Query(
-                self.sql.SELECT_CHECKPOINT, (thread_id, ns, checkpoint_id), fetch=True
-            )
+            query = Query(self.sql.GET_TUPLE_BY_ID, (thread_id, ns, checkpoint_id), fetch=True)
         else:
-            rows = yield Query(self.sql.SELECT_LATEST_CHECKPOINT, (thread_id, ns), fetch=True)
-        if not rows:
+            query = Query(self.sql.GET_TUPLE_LATEST, (thread_id, ns), fetch=True)
+        # One statement: the checkpoint, the values it names in blob_keys, its writes.
+        rows = yield query
+        checkpoint: tuple[Any, ...] = ()
+        asked: set[tuple[str, str]] = set()
+        blobs: dict[tuple[str, str], tuple[str, Any]] = {}
+        writes: list[tuple[Any, ...]] = []
+        for part, a, b, c, d, type_, data, m_data, _ in rows:
+            if part == 0:  # (checkpoint_id, parent_checkpoint_id, metadata_type)
+                checkpoint = (thread_id, ns, a, b, type_, data, c, m_data)
+            elif part == 1:  # (channel, version): looked up, maybe not found
+                asked.add((a, b))
+                if type_ is not None:
+                    blobs[(a, b)] = (type_, data)
+            else:  # (task_id, channel, task_path, idx)
+                writes.append((a, b, type_, data, c, d))
+        if not checkpoint:
             return None
-        tuples = yield from self._assemble(rows)
+        where = (thread_id, ns, checkpoint[2])
+        fetched = _Fetched(blobs, asked, [(*where, *w) for w in writes])
+        tuples = yield from self._assemble([checkpoint], fetched)
         return tuples[0]
 
     def _list(
@@ -499,8 +546,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             ),
         )
 
-    def _assemble(self, rows: Rows) -> Operation[list[CheckpointTuple]]:
-        """Turn checkpoint rows into tuples, fetching their values and pending writes.
+    def _assemble(
+        self, rows: Rows, fetched: _Fetched | None = None
+    ) -> Operation[list[CheckpointTuple]]:
+        """Turn checkpoint rows into tuples, fetching their values and pending writes
+        (those of a single row may have been ``fetched`` with it already).
 
         Values are fetched once per (thread, namespace) and decoded once per
         (channel, version), however many of the rows share them.
@@ -528,9 +578,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
         # One query for the values and one for the writes of all rows, whatever threads
         # they come from (a filtered list spans many), sent together.
-        keys = [(t, ns, cid) for (t, ns), id_list in ids.items() for cid in id_list]
-        write_queries = list(self._key_queries(keys, self.sql.SELECT_WRITES_ANY))
-        values, write_answers = yield from self._fetch_blobs_of(wanted, write_queries)
+        if fetched is None:
+            keys = [(t, ns, cid) for (t, ns), id_list in ids.items() for cid in id_list]
+            write_queries = list(self._key_queries(keys, self.sql.SELECT_WRITES_ANY))
+            values, write_answers = yield from self._fetch_blobs_of(wanted, write_queries)
+        else:
+            ((where, _),) = wanted.items()
+            values, _ = yield from self._fetch_blobs_of(wanted, (), {where: fetched})
+            write_answers = [fetched.writes]
 
         writes: dict[tuple[str, str, str], list[tuple[tuple[str, str, int], PendingWrite]]] = {}
         for write_rows in write_answers:
@@ -617,17 +672,27 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self,
         wanted: Mapping[tuple[str, str], Iterable[tuple[str, str]]],
         extra: Sequence[Query] = (),
+        fetched: Mapping[tuple[str, str], _Fetched] | None = None,
     ) -> Operation[
         tuple[dict[tuple[str, str], dict[tuple[str, str], tuple[str, Any]]], list[Rows]]
     ]:
         """Stored values, per (thread, namespace), by (channel, version), without "empty"
         ones, plus the snapshots their delta rows need: primary-key look-ups, and one
         more round only for snapshots the caller did not already ask for. The ``extra``
-        queries go out with the first round; their rows are returned too."""
+        queries go out with the first round; their rows are returned too. What was
+        ``fetched`` already is not looked up again."""
         found: dict[tuple[str, str], dict[tuple[str, str], tuple[str, Any]]] = {
             tn: {} for tn in wanted
         }
-        todo = {(t, ns, ch, v) for (t, ns), pairs in wanted.items() for ch, v in pairs}
+        todo: set[tuple[str, str, str, str]] = set()
+        for (t, ns), pairs in wanted.items():
+            done = fetched.get((t, ns)) if fetched else None
+            if done is not None:
+                found[(t, ns)].update(
+                    (pair, row) for pair, row in done.blobs.items() if row[0] != _EMPTY
+                )
+            asked = done.asked if done is not None else ()
+            todo.update((t, ns, ch, v) for ch, v in pairs if (ch, v) not in asked)
         extra_rows: list[Rows] | None = None
         while todo or extra_rows is None:
             queries = list(self._key_queries(sorted(todo), self.sql.SELECT_BLOBS_ANY))
