@@ -203,12 +203,14 @@ class SafeSerializer(JsonPlusSerializer):
 @dataclasses.dataclass(frozen=True)
 class _MessageSpec:
     cls: type[BaseModel]
+    module: str
     type: str
     order: tuple[str, ...]  # the fields in declaration order, as model_dump writes them
     fields: frozenset[str]  # the same, copied into each message's fields-set
 
 
 _MESSAGE_SPECS: dict[tuple[str, str], _MessageSpec] = {}
+_SPECS_BY_NAME: dict[str, _MessageSpec] = {}  # the same, by class name (they differ)
 _TOOL_CALL_KEYS = frozenset({"name", "args", "id", "type"})
 _INVALID_TOOL_CALL_KEYS = frozenset({"name", "args", "id", "error", "type"})
 _USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
@@ -233,10 +235,13 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
             # The field names as ormsgpack hands them out: it reuses one object per short
             # key, so comparing a stored row's keys with these is mostly identity checks.
             names = tuple(ormsgpack.unpackb(ormsgpack.packb(dict.fromkeys(fields))))
-            spec = _MessageSpec(cls, str(fields["type"].default), names, frozenset(fields))
+            spec = _MessageSpec(
+                cls, cls.__module__, str(fields["type"].default), names, frozenset(fields)
+            )
             built[(cls.__module__, cls.__name__)] = spec
-        # Filled in one step (atomic under the GIL): another thread that finds the table
-        # not empty finds it whole.
+        # Filled in one step each (atomic under the GIL): another thread that finds a
+        # table not empty finds it whole. By name first: it is the one read without a check.
+        _SPECS_BY_NAME.update({name: spec for (_, name), spec in built.items()})
         _MESSAGE_SPECS.update(built)
     return _MESSAGE_SPECS
 
@@ -346,26 +351,40 @@ def _revive_message(tup: Any) -> Any:
     if type(tup) is not list or len(tup) < 3:
         return None
     module, name, kw = tup[0], tup[1], tup[2]
-    if type(module) is not str or type(name) is not str or type(kw) is not dict:
+    if type(name) is not str or type(kw) is not dict:
         return None
-    spec = (_MESSAGE_SPECS or _message_specs()).get((module, name))
-    if spec is None:
+    if not _MESSAGE_SPECS:
+        _message_specs()
+    spec = _SPECS_BY_NAME.get(name)
+    if spec is None or module != spec.module:
         return None
     if tuple(kw) != spec.order:  # model_dump's order: anything else is validated
         return None
+    # The checks are written out, not called: this runs for each message of a chat read.
+    content, name_, id_ = kw["content"], kw["name"], kw["id"]
     if (
         kw["type"] != spec.type
-        or not _plain_content(kw["content"])
+        or (type(content) is not str and not _plain_content(content))
         or type(kw["additional_kwargs"]) is not dict
         or type(kw["response_metadata"]) is not dict
-        or not _str_or_none(kw["name"])
-        or not _str_or_none(kw["id"])
+        or (name_ is not None and type(name_) is not str)
+        or (id_ is not None and type(id_) is not str)
     ):
         return None
     kind = spec.type
     if kind == "ai":
-        if not _plain_tool_calls(kw):
-            return None
+        calls, invalid = kw["tool_calls"], kw["invalid_tool_calls"]
+        if (
+            calls
+            or invalid
+            or kw["usage_metadata"] is not None
+            or type(calls) is not list
+            or type(invalid) is not list
+        ):
+            if not _plain_tool_calls(kw):
+                return None
+        elif kw["additional_kwargs"].get("tool_calls"):
+            return None  # validation would parse the provider's raw tool calls
     elif kind == "tool":
         if type(kw["tool_call_id"]) is not str or kw["status"] not in ("success", "error"):
             return None
