@@ -573,16 +573,14 @@ _V2 = (
 # versions their deltas are built from; see SQL.encode_blob_keys), so that one statement
 # reads the checkpoint and its values. NULL in rows written before: they are read in two
 # steps, as then.
-_V3 = ("ALTER TABLE agentcheck_checkpoints ADD COLUMN blob_keys {keys}",)
+_V3 = ("ALTER TABLE agentcheck_checkpoints ADD COLUMN blob_keys TEXT",)
 
 
-def portable_migrations(
-    blob_type: str, serial_type: str, keys_type: str
-) -> tuple[tuple[str, ...], ...]:
-    """The migrations shared by both databases, given the binary column type, the type
-    of an auto-assigned integer primary key, and that of the checkpoints' blob keys."""
+def portable_migrations(blob_type: str, serial_type: str) -> tuple[tuple[str, ...], ...]:
+    """The migrations shared by both databases, given the binary column type and the
+    type of an auto-assigned integer primary key."""
     return tuple(
-        tuple(stmt.format(blob=blob_type, serial=serial_type, keys=keys_type) for stmt in migration)
+        tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
         for migration in (_V1, _V2, _V3)
     )
 

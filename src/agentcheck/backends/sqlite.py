@@ -24,7 +24,7 @@ class SqliteSQL(SQL):
 
 
 # INTEGER PRIMARY KEY is the rowid: assigned in insert order.
-MIGRATIONS = portable_migrations("BLOB", "INTEGER PRIMARY KEY", "TEXT")
+MIGRATIONS = portable_migrations("BLOB", "INTEGER PRIMARY KEY")
 
 # Set in one place, on every connection agentcheck opens:
 # - WAL lets readers run while one writer commits, across processes;
