@@ -234,7 +234,7 @@ class SyncRunner:
                             _transaction(conn, write, attempt.explicit),
                             _cursor(conn) as cur,
                         ):
-                            statements = _Statements(conn, cur)
+                            statements = _Statements(conn, cur, write)
                             result = drive(
                                 _framed(make_op, attempt.explicit),
                                 statements.execute,
@@ -290,7 +290,7 @@ class AsyncRunner:
                             _transaction(conn, write, attempt.explicit),
                             _cursor(conn) as cur,
                         ):
-                            statements = _AsyncStatements(conn, cur)
+                            statements = _AsyncStatements(conn, cur, write)
                             result = await adrive(
                                 _framed(make_op, attempt.explicit),
                                 statements.execute,
@@ -466,9 +466,10 @@ def _single_connection_error(exc: Exception, pool: str) -> Exception:
 class _Held:
     """The statements an operation has not sent yet, for both statement runners."""
 
-    def __init__(self, conn: Any, cur: Any) -> None:
+    def __init__(self, conn: Any, cur: Any, write: bool) -> None:
         self.conn = conn
         self.cur = cur
+        self.pipelined = write  # a write runs in pipeline mode (see _pipeline)
         self.held: list[tuple[Query, Any]] = []  # (statement, cursor to send it on)
         self.late: list[tuple[Any, Rows]] = []  # (cursor, rows) of Later statements
 
@@ -518,9 +519,14 @@ class _Statements(_Held):
             self.held.append((query, self.cur))
             return []
         self.flush()
+        # Rows come in binary format: text format sends each stored value hex-encoded,
+        # twice its size. Outside pipeline mode (a read) each statement is answered
+        # before the next is sent: the operation's cursor serves them all.
+        if not self.pipelined:
+            self.cur.execute(_pg(query.sql), tuple(query.params), binary=True)
+            return self.cur.fetchall()  # type: ignore[no-any-return]
         # In pipeline mode a cursor's fetchall() may still hold an earlier statement's
-        # result: a statement whose rows we read gets a cursor of its own. Rows come in
-        # binary format: text format sends each stored value hex-encoded, twice its size.
+        # result: a statement whose rows we read gets a cursor of its own.
         with _cursor(self.conn) as own:
             own.execute(_pg(query.sql), tuple(query.params), binary=True)
             return own.fetchall()  # type: ignore[no-any-return]
@@ -566,6 +572,9 @@ class _AsyncStatements(_Held):
             self.held.append((query, self.cur))
             return []
         await self.flush()
+        if not self.pipelined:
+            await self.cur.execute(_pg(query.sql), tuple(query.params), binary=True)
+            return await self.cur.fetchall()  # type: ignore[no-any-return]
         async with _cursor(self.conn) as own:
             await own.execute(_pg(query.sql), tuple(query.params), binary=True)
             return await own.fetchall()  # type: ignore[no-any-return]
