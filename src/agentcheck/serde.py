@@ -562,6 +562,8 @@ class Codec:
 
     def decode(self, type_: str, data: bytes) -> tuple[str, bytes]:
         """Undo :meth:`encode`; raises :class:`CorruptDataError` naming what failed."""
+        if _MARK not in type_:  # neither compressed nor encrypted: most rows
+            return type_, data if type(data) is bytes else bytes(data)
         data = bytes(data)
         if type_.endswith(_ENCRYPTED):
             if self._aead is None:

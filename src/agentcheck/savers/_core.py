@@ -224,13 +224,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         try:
             decoded = self.codec.decode(type_, data) if row else (type_, bytes(data))
             if lazy and decoded[0] == MESSAGE_LIST:
-                serde = self.serde
-                hook = (
-                    serde._ext_hook()
-                    if isinstance(serde, SafeSerializer)
-                    else self._ext_hook_of_serde()
-                )
-                return _Rows(message_rows(decoded[1], hook))
+                return _Rows(message_rows(decoded[1], self._rows_hook()))
             if decoded[0] == MESSAGE_LIST and not isinstance(self.serde, SafeSerializer):
                 # Written by the default serializer, read by another one given since.
                 return loads_message_list(decoded[1], self._ext_hook_of_serde())
@@ -241,6 +235,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 f"cannot read {what} of checkpoint {checkpoint_id!r} in thread "
                 f"{thread_id!r} (namespace {ns!r}): {exc}"
             ) from exc
+
+    def _rows_hook(self) -> Any:
+        """The msgpack extension hook for the rows of a stored message list."""
+        serde = self.serde
+        if isinstance(serde, SafeSerializer):
+            return serde._ext_hook()
+        return self._ext_hook_of_serde()
 
     def _ext_hook_of_serde(self) -> Any:
         """The msgpack extension hook of the saver's serializer, with its allowlist: its
@@ -768,6 +769,19 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                     f"from, {data.base_version!r}, is missing"
                 )
             base = self._stored(found, base_pair, where, decoded)
+            if type(base) is _Rows and data.tail_type == MESSAGE_LIST:
+                # The common case (a chat), without _load's generality: one level per
+                # delta along the chain.
+                try:
+                    rows = message_rows(data.tail, self._rows_hook())
+                except Exception as exc:
+                    raise CorruptDataError(
+                        f"cannot read channel {channel!r} of checkpoint {where[2]!r} in "
+                        f"thread {where[0]!r} (namespace {where[1]!r}): {exc}"
+                    ) from exc
+                slid = _Rows([*base.rows[data.shift :], *rows])
+                cache[pair] = slid
+                return slid
             tail = self._load(
                 data.tail_type,
                 data.tail,
