@@ -697,8 +697,15 @@ async def test_langgraphs_encrypted_serializer_works_as_with_the_official_savers
 # What a checkpoint row's blob_keys may be made to hold: text that is not the keys' JSON
 # (SQLite) or list (PostgreSQL), keys that name the wrong rows, none.
 TAMPERED_KEYS = {
-    "sqlite": ["not json", '{"messages": 5}', "[1, 2]", "{}", '{"messages": ["nope"]}', None],
-    "postgres": ["", "a", "a\x1fb\x1fc", "{{a,b},{c,d}}", "messages\x1fnope", None],
+    "sqlite": [
+        *("not json", '{"messages": 5}', "[1, 2]", "{}", '{"messages": ["nope"]}', None),
+        *('{"messages": "x"}', '["x"]', '"a string"', '{"messages": ["x"], "notes": "z"}'),
+        '{"messages": ["OTHER"]}',  # another stored version, not the checkpoint's own
+    ],
+    "postgres": [
+        *("", "a", "a\x1fb\x1fc", "{{a,b},{c,d}}", "messages\x1fnope", None),
+        "messages\x1fOTHER",
+    ],
 }
 
 
@@ -713,7 +720,15 @@ async def test_checkpoint_values_read_back_whatever_their_blob_keys_hold(
         await chat_turns(kind, saver, "chat", 10)
         before = await every_checkpoint(kind, saver, "chat")
     assert len(before) > 25
+    [(other,)] = raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "SELECT MIN(version) FROM agentcheck_blobs WHERE channel = 'messages'",
+    )
     for keys in TAMPERED_KEYS[kind]:
+        if keys is not None:
+            keys = keys.replace("OTHER", other)
         raw_sql(
             kind, sqlite_path, pg_url, "UPDATE agentcheck_checkpoints SET blob_keys = ?", (keys,)
         )

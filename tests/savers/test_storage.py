@@ -17,6 +17,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 
+from agentcheck import generate_key
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends.base import SQL, Later, OnCommit, Query, batch, drive
 from agentcheck.backends.postgres import PostgresSQL
@@ -106,20 +107,32 @@ def compressed(kind: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("size", "on_sqlite", "on_postgres"),
+    ("size", "on_sqlite", "on_postgres", "encrypted_on_postgres"),
     [
-        (90_000, "msgpack#z", "msgpack#zs"),
+        (90_000, "msgpack#z", "msgpack#zs", "msgpack#zs"),
         # From 2 KiB up on PostgreSQL: the server would compress it otherwise (slower).
-        (8_000, "msgpack", "msgpack#zs"),
-        (1_500, "msgpack", "msgpack"),
+        # Not when encrypting: compressed lengths could give the plaintext away.
+        (8_000, "msgpack", "msgpack#zs", "msgpack"),
+        (1_500, "msgpack", "msgpack", "msgpack"),
     ],
 )
+@pytest.mark.parametrize("encrypted", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
 async def test_large_values_are_compressed(
-    kind: str, sqlite_path: str, pg_url: str, size: int, on_sqlite: str, on_postgres: str
+    kind: str,
+    sqlite_path: str,
+    pg_url: str,
+    encrypted: bool,
+    size: int,
+    on_sqlite: str,
+    on_postgres: str,
+    encrypted_on_postgres: str,
 ) -> None:
     document = ("compressible text " * 5000)[:size]
-    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+    key = generate_key() if encrypted else None
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key
+    ) as saver:
         graph = build_graph(1).compile(checkpointer=saver)
         config = {"configurable": {"thread_id": "t"}}
         inputs = {"document": document, "steps": []}
@@ -136,8 +149,12 @@ async def test_large_values_are_compressed(
         )
         assert len(rows) == 1
         type_, blob = rows[0]
-        assert type_ == (on_postgres if is_postgres(kind) else on_sqlite)
-        if type_ != "msgpack":
+        if not is_postgres(kind):
+            expected = on_sqlite
+        else:
+            expected = encrypted_on_postgres if encrypted else on_postgres
+        assert type_ == expected + ("#aesgcm" if encrypted else "")
+        if "#z" in type_:
             assert len(bytes(blob)) < len(document) // 10
         state = await call(graph, "get_state", kind, config)
         assert state.values["document"] == document
@@ -327,8 +344,8 @@ async def test_reads_look_values_and_writes_up_by_primary_key(
     plan = _explain(kind, db, queries[0].sql, queries[0].params)
     if is_postgres(kind):
         assert "Seq Scan" not in plan, plan
-        for key_column in ("version", "checkpoint_id"):
-            assert re.search(rf"Index Cond: [^\n]*{key_column}", plan), plan
+        for index in ("agentcheck_blobs_pkey", "agentcheck_writes_pkey"):
+            assert re.search(rf"Index Scan using {index} [^\n]*\n\s*Index Cond: ", plan), plan
     else:
         for table, key_column in (("b", "version"), ("w", "checkpoint_id")):
             assert re.search(rf"SEARCH {table} USING INDEX .*{key_column}=\?\)", plan), plan

@@ -285,12 +285,13 @@ class SQL:
     # type and value), so the reader knows what it need not look up again, whatever the
     # column holds. Here the keys are a JSON object, channel -> versions, expanded by
     # SQLite's JSON functions (PostgreSQL's keys are in its class); a text that is not
-    # JSON names no key. CROSS JOIN fixes SQLite's join order: the keys first, each then
-    # a primary-key look-up, not a scan of the thread's values testing each against them.
+    # JSON, or not of that shape, names no key (json_each would fail on a bare string).
+    # CROSS JOIN fixes SQLite's join order: the keys first, each then a primary-key
+    # look-up, not a scan of the thread's values testing each against them.
     _BLOBS_OF_KEYS = (
         "ch.key, v.value, NULL, NULL, b.type, b.blob, NULL, NULL FROM c "
         "CROSS JOIN json_each(CASE WHEN json_valid(c.blob_keys) THEN c.blob_keys END) AS ch "
-        "CROSS JOIN json_each(ch.value) AS v "
+        "CROSS JOIN json_each(CASE WHEN ch.type = 'array' THEN ch.value END) AS v "
         "LEFT JOIN agentcheck_blobs b ON b.thread_id = c.thread_id "
         "AND b.checkpoint_ns = c.checkpoint_ns AND b.channel = ch.key AND b.version = v.value"
     )

@@ -68,6 +68,10 @@ _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
 _TERM_STATS_TTL = 60.0  # seconds a saver keeps the database's statistics of terms
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 _ROW_COMPRESS_MIN = 2048  # checkpoint rows from this size up are compressed
+# When encrypting, values are compressed only from this size up: compressing before
+# encrypting lets the ciphertext's length tell how compressible a value is, which gives
+# something away when a value mixes text of different sources (docs/savers.md).
+_ENCRYPTED_COMPRESS_MIN = 65536
 
 
 INLINE_KEY = "_ac_inline"  # in a stored checkpoint: {channel: small plain value}
@@ -159,13 +163,17 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         encryption_key: encrypt every stored payload (checkpoints, channel values,
             pending writes, metadata) with AES-256-GCM; needs ``agentcheck[encryption]``.
             Defaults to the ``AGENTCHECK_ENCRYPTION_KEY`` environment variable.
-        compress_threshold: payloads of at least this many bytes are compressed.
+        compress_threshold: payloads of at least this many bytes are compressed; by
+            default the saver's ``default_compress_threshold``, and 64 KiB when
+            encrypting (see docs/savers.md, "Storage").
         compression: how: ``"zlib"`` or ``"zstd"`` (see :class:`~agentcheck.serde.Codec`).
         journal_nodes: record runs and node events of the graphs using this saver in the
             journal (docs/journal.md), in the same transaction as their checkpoints.
     """
 
     sql: type[SQL] = SQL
+    # Values from this size up are compressed, unless the saver is told otherwise.
+    default_compress_threshold = 65536
 
     def __init__(
         self,
@@ -173,16 +181,20 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 65536,
+        compress_threshold: int | None = None,
         compression: str = "zlib",
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(serde=serde or SafeSerializer(allowed_types=allowed_types))
         self.codec = Codec(
             encryption_key=encryption_key,
-            compress_threshold=compress_threshold,
+            compress_threshold=_ENCRYPTED_COMPRESS_MIN,
             compression=compression,
         )
+        if compress_threshold is not None:
+            self.codec.compress_threshold = compress_threshold
+        elif not self.codec.encrypted:
+            self.codec.compress_threshold = self.default_compress_threshold
         self.journal_nodes = journal_nodes
         self.journal_ops = JournalOps(self)
         self.list_deltas = ListDeltas()

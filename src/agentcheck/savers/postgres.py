@@ -39,14 +39,15 @@ class PostgresSaver(SyncSaver):
         conn: a psycopg ``Connection`` or, recommended, a ``psycopg_pool.ConnectionPool``
             (broken connections are then replaced and the operation retried). Any
             ``row_factory`` and autocommit setting works.
-        compress_threshold: values of at least this many bytes (2 KiB) are compressed
-            with zstd before they are sent.
+        compress_threshold: values of at least this many bytes are compressed with
+            zstd before they are sent: by default 2 KiB, or 64 KiB when encrypting.
         serde, allowed_types, encryption_key, journal_nodes: see
             :class:`~agentcheck.savers._core.SaverCore`.
     """
 
     sql = backend.PostgresSQL
     migrations = backend.MIGRATIONS
+    default_compress_threshold = PG_COMPRESS_THRESHOLD
 
     def __init__(
         self,
@@ -55,7 +56,7 @@ class PostgresSaver(SyncSaver):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = PG_COMPRESS_THRESHOLD,
+        compress_threshold: int | None = None,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(
@@ -111,6 +112,7 @@ class AsyncPostgresSaver(AsyncSaver):
 
     sql = backend.PostgresSQL
     migrations = backend.MIGRATIONS
+    default_compress_threshold = PG_COMPRESS_THRESHOLD
 
     def __init__(
         self,
@@ -119,7 +121,7 @@ class AsyncPostgresSaver(AsyncSaver):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = PG_COMPRESS_THRESHOLD,
+        compress_threshold: int | None = None,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(

@@ -46,7 +46,7 @@ class SqliteSaver(SyncSaver):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 65536,
+        compress_threshold: int | None = None,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(
@@ -97,7 +97,7 @@ class AsyncSqliteSaver(AsyncSaver):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[tuple[str, ...] | type] | None = None,
         encryption_key: bytes | str | None = None,
-        compress_threshold: int = 65536,
+        compress_threshold: int | None = None,
         journal_nodes: bool = True,
     ) -> None:
         super().__init__(
