@@ -25,7 +25,7 @@ import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterable
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import ormsgpack
@@ -209,15 +209,15 @@ class _MessageSpec:
     fields: frozenset[str]  # the same, copied into each message's fields-set
 
 
-_MESSAGE_SPECS: dict[tuple[str, str], _MessageSpec] = {}
-_SPECS_BY_NAME: dict[str, _MessageSpec] = {}  # the same, by class name (they differ)
+# By class name (the classes' names differ; a spec knows its module).
+_MESSAGE_SPECS: dict[str, _MessageSpec] = {}
 _TOOL_CALL_KEYS = frozenset({"name", "args", "id", "type"})
 _INVALID_TOOL_CALL_KEYS = frozenset({"name", "args", "id", "error", "type"})
 _USAGE_COUNTS = ("input_tokens", "output_tokens", "total_tokens")
 _USAGE_DETAILS = ("input_token_details", "output_token_details")
 
 
-def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
+def _message_specs() -> dict[str, _MessageSpec]:
     if not _MESSAGE_SPECS:
         from langchain_core import messages as lc
 
@@ -238,10 +238,9 @@ def _message_specs() -> dict[tuple[str, str], _MessageSpec]:
             spec = _MessageSpec(
                 cls, cls.__module__, str(fields["type"].default), names, frozenset(fields)
             )
-            built[(cls.__module__, cls.__name__)] = spec
-        # Filled in one step each (atomic under the GIL): another thread that finds a
-        # table not empty finds it whole. By name first: it is the one read without a check.
-        _SPECS_BY_NAME.update({name: spec for (_, name), spec in built.items()})
+            built[cls.__name__] = spec
+        # Filled in one step (atomic under the GIL): another thread that finds the table
+        # not empty finds it whole.
         _MESSAGE_SPECS.update(built)
     return _MESSAGE_SPECS
 
@@ -295,8 +294,8 @@ def _validated_message(row: Any) -> Any:
     as LangGraph's reader builds it: validated, or constructed if validation fails."""
     if type(row) is not list or len(row) < 3 or type(row[2]) is not dict:
         raise CorruptDataError(f"a stored message list holds {type(row).__name__}, not a message")
-    spec = _message_specs().get((row[0], row[1])) if type(row[0]) is type(row[1]) is str else None
-    if spec is None:
+    spec = _message_specs().get(row[1]) if type(row[1]) is str else None
+    if spec is None or row[0] != spec.module:
         raise CorruptDataError(
             f"a stored message list names {row[0]!r}.{row[1]!r}, not a LangChain message class"
         )
@@ -353,9 +352,7 @@ def _revive_message(tup: Any) -> Any:
     module, name, kw = tup[0], tup[1], tup[2]
     if type(name) is not str or type(kw) is not dict:
         return None
-    if not _MESSAGE_SPECS:
-        _message_specs()
-    spec = _SPECS_BY_NAME.get(name)
+    spec = (_MESSAGE_SPECS or _message_specs()).get(name)
     if spec is None or module != spec.module:
         return None
     if tuple(kw) != spec.order:  # model_dump's order: anything else is validated
@@ -487,13 +484,9 @@ class _Zstd:
         return ctx.decompress(data)  # type: ignore[no-any-return]
 
 
-_ZSTD_CONTEXTS: list[_Zstd] = []
-
-
+@cache
 def _zstd() -> _Zstd:
-    if not _ZSTD_CONTEXTS:
-        _ZSTD_CONTEXTS.append(_Zstd())
-    return _ZSTD_CONTEXTS[0]
+    return _Zstd()
 
 
 class Codec:

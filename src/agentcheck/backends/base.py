@@ -32,6 +32,7 @@ __all__ = [
     "adrive",
     "batch",
     "drive",
+    "get_tuple_statements",
     "in_list",
     "migrate",
 ]
@@ -206,6 +207,31 @@ def in_list(n: int) -> str:
     return ", ".join("?" * n)
 
 
+# A checkpoint and all that a read of it needs, in one statement (one round trip on
+# PostgreSQL): the checkpoint row (part 0), the stored values its ``blob_keys`` name
+# (part 1: {blobs}, per database, expands the keys and looks each up), and its pending
+# writes (part 2). {where}: which checkpoint.
+_GET_TUPLE = (
+    "WITH c AS (SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, "
+    "type, checkpoint, metadata_type, metadata, blob_keys FROM agentcheck_checkpoints "
+    "WHERE thread_id = ? AND checkpoint_ns = ? {where}) "
+    "SELECT 0, c.checkpoint_id, c.parent_checkpoint_id, c.metadata_type, "
+    "CAST(NULL AS INTEGER), c.type, c.checkpoint, c.metadata, c.blob_keys FROM c "
+    "UNION ALL SELECT 1, {blobs} "
+    "UNION ALL SELECT 2, w.task_id, w.channel, w.task_path, w.idx, w.type, w.blob, "
+    "NULL, NULL FROM c JOIN agentcheck_writes w ON w.thread_id = c.thread_id "
+    "AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id"
+)
+
+
+def get_tuple_statements(blobs: str) -> tuple[str, str]:
+    """The statements reading a checkpoint by id and the latest one, given the
+    database's ``{blobs}`` part (see ``SQL._BLOBS_OF_KEYS``)."""
+    by_id = _GET_TUPLE.format(where="AND checkpoint_id = ?", blobs=blobs)
+    latest = _GET_TUPLE.format(where="ORDER BY checkpoint_id DESC LIMIT 1", blobs=blobs)
+    return by_id, latest
+
+
 class SQL:
     """Statements shared by every backend. Table names are fixed, never user input."""
 
@@ -255,31 +281,10 @@ class SQL:
     )
     INSERT_WRITE_IF_ABSENT = _WRITE_INSERT + "ON CONFLICT DO NOTHING"
 
-    SELECT_CHECKPOINT = (
-        "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, "
-        "checkpoint, metadata_type, metadata FROM agentcheck_checkpoints "
-        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
-    )
     SELECT_LATEST_CHECKPOINT = (
         "SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, "
         "checkpoint, metadata_type, metadata FROM agentcheck_checkpoints "
         "WHERE thread_id = ? AND checkpoint_ns = ? ORDER BY checkpoint_id DESC LIMIT 1"
-    )
-    # A checkpoint and all that a read of it needs, in one statement (one round trip on
-    # PostgreSQL, one statement and no transaction on SQLite): the checkpoint row (part
-    # 0), the stored values its ``blob_keys`` name (part 1; {blobs} expands that JSON
-    # object of channel -> versions and looks each up), and its pending writes (part 2).
-    # {where}: which checkpoint.
-    _GET_TUPLE = (
-        "WITH c AS (SELECT thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, "
-        "type, checkpoint, metadata_type, metadata, blob_keys FROM agentcheck_checkpoints "
-        "WHERE thread_id = ? AND checkpoint_ns = ? {where}) "
-        "SELECT 0, c.checkpoint_id, c.parent_checkpoint_id, c.metadata_type, "
-        "CAST(NULL AS INTEGER), c.type, c.checkpoint, c.metadata, c.blob_keys FROM c "
-        "UNION ALL SELECT 1, {blobs} "
-        "UNION ALL SELECT 2, w.task_id, w.channel, w.task_path, w.idx, w.type, w.blob, "
-        "NULL, NULL FROM c JOIN agentcheck_writes w ON w.thread_id = c.thread_id "
-        "AND w.checkpoint_ns = c.checkpoint_ns AND w.checkpoint_id = c.checkpoint_id"
     )
     # Part 1 has a row for each key the statement looked up, found or not (then without
     # type and value), so the reader knows what it need not look up again, whatever the
@@ -295,10 +300,7 @@ class SQL:
         "LEFT JOIN agentcheck_blobs b ON b.thread_id = c.thread_id "
         "AND b.checkpoint_ns = c.checkpoint_ns AND b.channel = ch.key AND b.version = v.value"
     )
-    GET_TUPLE_BY_ID = _GET_TUPLE.format(where="AND checkpoint_id = ?", blobs=_BLOBS_OF_KEYS)
-    GET_TUPLE_LATEST = _GET_TUPLE.format(
-        where="ORDER BY checkpoint_id DESC LIMIT 1", blobs=_BLOBS_OF_KEYS
-    )
+    GET_TUPLE_BY_ID, GET_TUPLE_LATEST = get_tuple_statements(_BLOBS_OF_KEYS)
 
     @staticmethod
     def encode_blob_keys(keys: Mapping[str, Sequence[str]]) -> Any:

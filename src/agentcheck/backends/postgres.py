@@ -24,6 +24,7 @@ from agentcheck.backends.base import (
     Rows,
     adrive,
     drive,
+    get_tuple_statements,
     portable_migrations,
 )
 
@@ -85,10 +86,7 @@ class PostgresSQL(SQL):
         "WHERE x.thread_id = c.thread_id AND x.checkpoint_ns = c.checkpoint_ns "
         "AND x.channel = kv.channel AND x.version = kv.version OFFSET 0) AS b ON true"
     )
-    GET_TUPLE_BY_ID = SQL._GET_TUPLE.format(where="AND checkpoint_id = ?", blobs=_BLOBS_OF_KEYS)
-    GET_TUPLE_LATEST = SQL._GET_TUPLE.format(
-        where="ORDER BY checkpoint_id DESC LIMIT 1", blobs=_BLOBS_OF_KEYS
-    )
+    GET_TUPLE_BY_ID, GET_TUPLE_LATEST = get_tuple_statements(_BLOBS_OF_KEYS)
 
     @staticmethod
     def encode_blob_keys(keys: Mapping[str, Sequence[str]]) -> Any:

@@ -114,6 +114,15 @@ class _Rows:
     rows: list[Any]
 
 
+def _unreadable(what: str, where: tuple[str, str, str], why: object) -> CorruptDataError:
+    """The error for a stored ``what`` of a checkpoint that cannot be read."""
+    thread_id, ns, checkpoint_id = where
+    return CorruptDataError(
+        f"cannot read {what} of checkpoint {checkpoint_id!r} in thread {thread_id!r} "
+        f"(namespace {ns!r}): {why}"
+    )
+
+
 @dataclass
 class _Fetched:
     """What the statement that read a checkpoint row brought along: the stored values
@@ -242,11 +251,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 return loads_message_list(decoded[1], self._ext_hook_of_serde())
             return self.serde.loads_typed(decoded)
         except Exception as exc:
-            thread_id, ns, checkpoint_id = cfg
-            raise CorruptDataError(
-                f"cannot read {what} of checkpoint {checkpoint_id!r} in thread "
-                f"{thread_id!r} (namespace {ns!r}): {exc}"
-            ) from exc
+            raise _unreadable(what, cfg, exc) from exc
 
     def _rows_hook(self) -> Any:
         """The msgpack extension hook for the rows of a stored message list."""
@@ -596,8 +601,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             write_queries = list(self._key_queries(keys, self.sql.SELECT_WRITES_ANY))
             values, write_answers = yield from self._fetch_blobs_of(wanted, write_queries)
         else:
-            ((where, _),) = wanted.items()
-            values, _ = yield from self._fetch_blobs_of(wanted, (), {where: fetched})
+            values, _ = yield from self._fetch_blobs_of(wanted, (), {tn: fetched for tn in wanted})
             write_answers = [fetched.writes]
 
         writes: dict[tuple[str, str, str], list[tuple[tuple[str, str, int], PendingWrite]]] = {}
@@ -775,43 +779,29 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if isinstance(data, _Header):
             base_pair = (channel, data.base_version)
             if base_pair not in found:
-                raise CorruptDataError(
-                    f"cannot read channel {channel!r} of checkpoint {where[2]!r} in thread "
-                    f"{where[0]!r} (namespace {where[1]!r}): the stored version it is built "
-                    f"from, {data.base_version!r}, is missing"
+                raise _unreadable(
+                    f"channel {channel!r}",
+                    where,
+                    f"the stored version it is built from, {data.base_version!r}, is missing",
                 )
             base = self._stored(found, base_pair, where, decoded)
             if type(base) is _Rows and data.tail_type == MESSAGE_LIST:
-                # The common case (a chat), without _load's generality: one level per
-                # delta along the chain.
+                # Rows on rows (a chat's deltas): no message is made yet.
                 try:
                     rows = message_rows(data.tail, self._rows_hook())
                 except Exception as exc:
-                    raise CorruptDataError(
-                        f"cannot read channel {channel!r} of checkpoint {where[2]!r} in "
-                        f"thread {where[0]!r} (namespace {where[1]!r}): {exc}"
-                    ) from exc
-                slid = _Rows([*base.rows[data.shift :], *rows])
-                cache[pair] = slid
-                return slid
-            tail = self._load(
-                data.tail_type,
-                data.tail,
-                f"channel {channel!r}",
-                where,
-                row=False,
-                lazy=decoded.lazy,
-            )
-            if type(base) is _Rows and type(tail) is _Rows:
-                value: Any = _Rows([*base.rows[data.shift :], *tail.rows])
+                    raise _unreadable(f"channel {channel!r}", where, exc) from exc
+                value: Any = _Rows([*base.rows[data.shift :], *rows])
             else:
                 head: list[Any] = (
                     self._messages(_Rows(base.rows[data.shift :]), channel, where)
                     if type(base) is _Rows
                     else base[data.shift :]
                 )
-                rest = self._messages(tail, channel, where) if type(tail) is _Rows else tail
-                value = [*head, *rest]
+                tail = self._load(
+                    data.tail_type, data.tail, f"channel {channel!r}", where, row=False
+                )
+                value = [*head, *tail]
         else:
             value = self._load(type_, data, f"channel {channel!r}", where, lazy=decoded.lazy)
         cache[pair] = value
@@ -821,11 +811,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         try:
             return revive_rows(value.rows)
         except Exception as exc:
-            thread_id, ns, checkpoint_id = where
-            raise CorruptDataError(
-                f"cannot read channel {channel!r} of checkpoint {checkpoint_id!r} in thread "
-                f"{thread_id!r} (namespace {ns!r}): {exc}"
-            ) from exc
+            raise _unreadable(f"channel {channel!r}", where, exc) from exc
 
     def _delta_channel_history(
         self, config: RunnableConfig, channels: Sequence[str]
