@@ -91,6 +91,7 @@ class Store:
     size_bytes: Callable[[], int]
     bulk: Callable[[], AbstractContextManager[BaseCheckpointSaver[Any]]]
     analyze: Callable[[], None]
+    path: Path | None = None  # the SQLite file
 
 
 def sqlite_settings(conn: sqlite3.Connection) -> dict[str, Any]:
@@ -156,7 +157,7 @@ class Databases:
                 conn.execute("PRAGMA synchronous=FULL")
 
         try:
-            yield Store(impl, "sqlite", saver, size_bytes, bulk, lambda: None)
+            yield Store(impl, "sqlite", saver, size_bytes, bulk, lambda: None, path)
         finally:
             conn.close()
             for suffix in ("", "-wal", "-shm"):

@@ -73,6 +73,8 @@ def profile_db(db: Db, databases: Databases, ops: Sequence[str], html: Path | No
         for i in range(thread.next_message, thread.next_message + 500):
             corpus.message(i)
 
+        # Each step also prepares its checkpoint (ChatThread.prepare): read the profile
+        # under SqliteSaver.put / PostgresSaver.put.
         def puts() -> None:
             for step in range(200, 700):
                 thread.advance(new_checkpoint_id(step))
@@ -113,7 +115,7 @@ def profile_db(db: Db, databases: Databases, ops: Sequence[str], html: Path | No
             "put_writes": ("500 put_writes of 2 writes", put_writes),
             "get_tuple": ("500 get_tuple of the latest chat checkpoint", gets),
             "list": ("100 list(limit=10) of the chat thread", lists),
-            "e2e": ("the 10-node graph's 12 puts and 11 put_writes, 100 times", replays),
+            "e2e": (f"the 10-node graph's {len(calls)} puts and put_writes, 100 times", replays),
         }
         for op in ops:
             what, fn = runs[op]
@@ -165,7 +167,8 @@ def page_counts(databases: Databases) -> None:
     print("\n=== SQLite pages written per transaction (WAL frames of 4 KiB) ===")
     for impl in IMPLS:
         with databases.open(impl, "sqlite", "pages") as store:
-            _page_counts_of(impl, store.saver, databases.tmp / f"pages-{impl}.db")
+            assert store.path is not None
+            _page_counts_of(impl, store.saver, store.path)
 
 
 def _page_counts_of(impl: str, saver: Any, path: Path) -> None:

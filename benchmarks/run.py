@@ -51,6 +51,7 @@ PACKAGES = (
     "langchain-core",
     "psycopg",
     "psycopg-pool",
+    "zstandard",
 )
 
 

@@ -128,7 +128,6 @@ def _compare(ctx: Context, what: str, results: dict[Impl, Any], problems: list[s
 
 
 FLOOR_SIZES = {"57 KB": FLOOR_BYTES, "100 B": 100}
-SMALL: dict[str, Any] = {"extra": {"floor": "100 B"}}  # a write row's floor (see run.py)
 
 
 def measure_floor(ctx: Context) -> dict[str, dict[str, Summary]]:
@@ -256,8 +255,24 @@ def _chat_window_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row
     return [
         # The floor a write's target is set against (run.py notes it): a chat put stores a
         # delta of a message or two, so a small insert and its commit is its least.
-        Row("chat", "put, 57 KB state", db, "ms", *_summaries(put_ms), Target(0.4), **SMALL),
-        Row("chat", "put_writes, 2 writes", db, "ms", *_summaries(writes_ms), Target(0.5), **SMALL),
+        Row(
+            "chat",
+            "put, 57 KB state",
+            db,
+            "ms",
+            *_summaries(put_ms),
+            Target(0.4),
+            extra={"floor": "100 B"},
+        ),
+        Row(
+            "chat",
+            "put_writes, 2 writes",
+            db,
+            "ms",
+            *_summaries(writes_ms),
+            Target(0.5),
+            extra={"floor": "100 B"},
+        ),
         Row("chat", "get_tuple latest", db, "ms", *_summaries(get_latest), Target(0.5), note),
         Row("chat", "get_tuple by id", db, "ms", *_summaries(get_by_id), Target(0.5), note),
         Row("chat", "list(limit=10), 1,000 cps", db, "ms", *_summaries(listed), Target(0.3), note),
@@ -436,7 +451,7 @@ E2E_NODES = 10
 DURABILITIES: tuple[Durability, ...] = ("exit", "async", "sync")
 
 
-class NullSaver(BaseCheckpointSaver[str]):
+class NullSaver(BaseCheckpointSaver[int]):  # the base class's own (int) versions
     """A checkpointer that stores nothing: what LangGraph itself spends per super-step
     once a graph has a checkpointer (creating checkpoints, submitting the writes), which
     no saver can go below."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Annotated, Any, TypedDict
+from unittest.mock import patch
 
 import psycopg
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
@@ -19,6 +20,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
+from agentcheck import serde
 from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
 
 KINDS = ("sqlite", "async_sqlite", "postgres", "async_postgres")
@@ -122,10 +124,37 @@ async def every_checkpoint(kind: str, saver: Any, thread_id: str) -> dict[str, A
     ]
     found = {}
     for checkpoint_id in ids:
-        conf = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
-        got = await call(saver, "get_tuple", kind, {"configurable": conf})
+        got = await checkpoint_at(saver, kind, thread_id, checkpoint_id)
         found[checkpoint_id] = (got.checkpoint["channel_values"], got.pending_writes)
     return found
+
+
+async def checkpoint_at(saver: Any, kind: str, thread_id: str, checkpoint_id: str) -> Any:
+    """The checkpoint tuple of ``checkpoint_id``, read alone (``get_tuple``)."""
+    conf = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+    got = await call(saver, "get_tuple", kind, {"configurable": conf})
+    assert got is not None
+    return got
+
+
+def compressed(kind: str) -> str:
+    """The type tag of a compressed msgpack value: zstd on PostgreSQL, zlib on SQLite."""
+    return "msgpack#zs" if is_postgres(kind) else "msgpack#z"
+
+
+@contextmanager
+def recorded_revivals() -> Iterator[list[Any]]:
+    """What the fast path of message revival returns from now on, a message or None for
+    each stored message it was given (None: it declined, and validation built it)."""
+    seen: list[Any] = []
+    original = serde._revive_message
+
+    def spy(row: Any) -> Any:
+        seen.append(result := original(row))
+        return result
+
+    with patch.object(serde, "_revive_message", spy):
+        yield seen
 
 
 def raw_sql(

@@ -8,8 +8,8 @@ import enum
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
-from unittest.mock import patch
 
 import ormsgpack
 import pytest
@@ -33,6 +33,8 @@ from pydantic import BaseModel, SecretStr
 from agentcheck import serde as serde_module
 from agentcheck._errors import CorruptDataError
 from agentcheck.serde import MESSAGE_LIST, Codec, SafeSerializer
+
+from savers_support import recorded_revivals
 
 MESSAGES: list[BaseMessage] = [
     HumanMessage("hello", id="h1"),
@@ -86,17 +88,10 @@ def _both(type_: str, data: bytes) -> tuple[Any, Any]:
 
 
 @pytest.fixture
-def revived(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+def revived() -> Iterator[list[Any]]:
     """Messages the fast path built (None for each time it declined)."""
-    seen: list[Any] = []
-    original = serde_module._revive_message
-
-    def spy(tup: Any) -> Any:
-        seen.append(result := original(tup))
-        return result
-
-    monkeypatch.setattr(serde_module, "_revive_message", spy)
-    return seen
+    with recorded_revivals() as seen:
+        yield seen
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
@@ -248,14 +243,7 @@ def test_random_messages_read_back_as_validation_gives_them(
     else:
         message = SystemMessage(content, name=name, id=msg_id, additional_kwargs=extra)
     type_, data = SafeSerializer().dumps_typed(message)
-    built: list[Any] = []  # what the fast path built (hypothesis takes no fixtures)
-    original = serde_module._revive_message
-
-    def spy(tup: Any) -> Any:
-        built.append(result := original(tup))
-        return result
-
-    with patch.object(serde_module, "_revive_message", spy):
+    with recorded_revivals() as built:  # (hypothesis takes no fixtures)
         fast, slow = _both(type_, data)
     assert _state(fast) == _state(slow)
     assert fast == message
@@ -399,6 +387,50 @@ def test_the_message_tables_are_whole_to_any_thread_from_first_use() -> None:
         sys.setswitchinterval(interval)
     assert errors == []
     assert len(serde_module._message_specs()) == len(serde_module._message_classes()) == 7
+
+
+class _SizesSeen(dict[Any, Any]):
+    """A dict that notes its size after each change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.sizes.append(len(self))
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self.sizes.append(len(self))
+
+
+class _SetSizesSeen(set[Any]):
+    """A set that notes its size after each change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def add(self, item: Any) -> None:
+        super().add(item)
+        self.sizes.append(len(self))
+
+    def update(self, *items: Any) -> None:
+        super().update(*items)
+        self.sizes.append(len(self))
+
+
+def test_the_message_tables_are_filled_in_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the threads above can only catch now and then: each table goes from empty to
+    whole in one change, never through a partly filled state."""
+    specs, classes = _SizesSeen(), _SetSizesSeen()
+    monkeypatch.setattr(serde_module, "_MESSAGE_SPECS", specs)
+    monkeypatch.setattr(serde_module, "_MESSAGE_CLASSES", classes)
+    serde_module._message_specs()
+    serde_module._message_classes()
+    assert specs.sizes == [7]
+    assert classes.sizes == [7]
 
 
 def test_a_message_in_another_value_is_stored_as_langgraph_stores_it() -> None:

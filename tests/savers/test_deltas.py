@@ -12,7 +12,7 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
 
-from agentcheck import CorruptDataError, generate_key, serde
+from agentcheck import CorruptDataError, generate_key
 from agentcheck.savers._deltas import pack_delta, unpack_delta, window_shift
 from agentcheck.serde import MESSAGE_LIST
 
@@ -21,10 +21,12 @@ from savers_support import (
     SYNC_KINDS,
     call,
     chat_graph,
+    checkpoint_at,
     collect,
     is_async,
     open_saver,
     raw_sql,
+    recorded_revivals,
     run_chat,
 )
 
@@ -315,30 +317,9 @@ def messages_in(value: Any) -> int:
     return 0
 
 
-async def window_at(saver: Any, kind: str, thread_id: str, checkpoint_id: str) -> Any:
-    """The checkpoint tuple of ``checkpoint_id``, read alone (``get_tuple``)."""
-    conf = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
-    got = await call(saver, "get_tuple", kind, {"configurable": conf})
-    assert got is not None
-    return got
-
-
-def count_revivals(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many stored message rows become messages (by the fast path) from now on."""
-    counter = [0]
-    original = serde._revive_message
-
-    def counted(row: Any) -> Any:
-        counter[0] += 1
-        return original(row)
-
-    monkeypatch.setattr(serde, "_revive_message", counted)
-    return counter
-
-
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_sliding_window_reads_back_and_builds_only_the_messages_it_holds(
-    kind: str, sqlite_path: str, pg_url: str, monkeypatch: pytest.MonkeyPatch
+    kind: str, sqlite_path: str, pg_url: str
 ) -> None:
     """Each version of a window that slides is stored as a delta dropping messages from
     the front of the one before; a read builds only the messages its version holds,
@@ -368,31 +349,31 @@ async def test_a_sliding_window_reads_back_and_builds_only_the_messages_it_holds
     rows += sum(len(ormsgpack.unpackb(tail)) for _, _, _, tail in deltas)
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
-        revived = count_revivals(monkeypatch)
-        for checkpoint_id, messages in written.items():
-            before = revived[0]
-            got = await window_at(fresh, kind, "w", checkpoint_id)
-            assert got.checkpoint["channel_values"].get("messages", []) == messages
-            # Every message it returns was built once: those of the window (which the
-            # others below do not share), the input's, the pending writes'.
-            assert revived[0] - before == messages_in(
-                [got.checkpoint["channel_values"], got.pending_writes]
-            )
-        # Listing them all builds each stored row once: the versions built from one
-        # snapshot share their messages.
-        before = revived[0]
-        listed = await collect(fresh, "list", kind, config)
-        windows = [t.checkpoint["channel_values"].get("messages", []) for t in listed]
-        assert windows == [written[t.config["configurable"]["checkpoint_id"]] for t in listed]
-        assert len({id(m) for window in windows for m in window}) == rows
-        others = [
-            (
-                {k: v for k, v in t.checkpoint["channel_values"].items() if k != "messages"},
-                t.pending_writes,
-            )
-            for t in listed
-        ]
-        assert revived[0] - before == rows + messages_in(others)
+        with recorded_revivals() as revived:
+            for checkpoint_id, messages in written.items():
+                before = len(revived)
+                got = await checkpoint_at(fresh, kind, "w", checkpoint_id)
+                assert got.checkpoint["channel_values"].get("messages", []) == messages
+                # Every message it returns was built once: those of the window (which the
+                # others below do not share), the input's, the pending writes'.
+                assert len(revived) - before == messages_in(
+                    [got.checkpoint["channel_values"], got.pending_writes]
+                )
+            # Listing them all builds each stored row once: the versions built from one
+            # snapshot share their messages.
+            before = len(revived)
+            listed = await collect(fresh, "list", kind, config)
+            windows = [t.checkpoint["channel_values"].get("messages", []) for t in listed]
+            assert windows == [written[t.config["configurable"]["checkpoint_id"]] for t in listed]
+            assert len({id(m) for window in windows for m in window}) == rows
+            others = [
+                (
+                    {k: v for k, v in t.checkpoint["channel_values"].items() if k != "messages"},
+                    t.pending_writes,
+                )
+                for t in listed
+            ]
+            assert len(revived) - before == rows + messages_in(others)
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)
@@ -443,7 +424,7 @@ async def test_a_window_holding_other_values_than_messages_reads_back(
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
         for checkpoint_id, messages in written.items():
-            got = await window_at(fresh, kind, "m", checkpoint_id)
+            got = await checkpoint_at(fresh, kind, "m", checkpoint_id)
             assert got.checkpoint["channel_values"].get("messages", []) == messages
         graph = window_graph().compile(checkpointer=fresh)
         listed = await history(graph, kind, config)
@@ -460,6 +441,7 @@ async def test_a_corrupt_message_in_a_delta_names_its_channel_and_checkpoint(
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
         graph = window_graph().compile(checkpointer=saver)
         await slide_window(graph, kind, config, range(7))
+        latest = (await call(saver, "get_tuple", kind, config)).config["configurable"]
         rows = raw_sql(
             kind,
             sqlite_path,
@@ -484,4 +466,5 @@ async def test_a_corrupt_message_in_a_delta_names_its_channel_and_checkpoint(
             await call(fresh, "get_tuple", kind, config)
         message = str(excinfo.value)
         assert "channel 'messages'" in message and "'c'" in message
+        assert repr(latest["checkpoint_id"]) in message
         assert "NoSuchMessage" in message

@@ -34,6 +34,7 @@ from savers_support import (
     KINDS,
     XorCipher,
     chat_turns,
+    compressed,
     every_checkpoint,
     is_async,
     is_postgres,
@@ -613,8 +614,7 @@ async def test_encrypted_secrets_are_not_in_the_raw_database(
     types = of_thread("SELECT type, metadata_type FROM agentcheck_checkpoints")
     assert types == [("msgpack#aesgcm", "msgpack#aesgcm")]
     blob_types = of_thread("SELECT channel, type FROM agentcheck_blobs")
-    big = "msgpack#zs#aesgcm" if is_postgres(kind) else "msgpack#z#aesgcm"
-    assert dict(blob_types) == {"notes": "msgpack#aesgcm", "big": big}
+    assert dict(blob_types) == {"notes": "msgpack#aesgcm", "big": compressed(kind) + "#aesgcm"}
     write_types = of_thread("SELECT type FROM agentcheck_writes")
     assert write_types == [("msgpack#aesgcm",)]
     terms = of_thread("SELECT term FROM agentcheck_metadata_terms")

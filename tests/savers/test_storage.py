@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypedDict
 import psycopg
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
@@ -30,6 +31,7 @@ from savers_support import (
     call,
     chat_turns,
     collect,
+    compressed,
     is_async,
     is_postgres,
     open_saver,
@@ -101,11 +103,6 @@ async def test_unchanged_channel_value_is_stored_once(
         assert all(s.values["document"] == document for s in loop_states)
 
 
-def compressed(kind: str) -> str:
-    """The type tag of a compressed msgpack value: zstd on PostgreSQL, zlib on SQLite."""
-    return "msgpack#zs" if is_postgres(kind) else "msgpack#z"
-
-
 @pytest.mark.parametrize(
     ("size", "on_sqlite", "on_postgres", "encrypted_on_postgres"),
     [
@@ -166,8 +163,6 @@ async def test_a_checkpoint_stored_again_is_found_by_its_new_metadata_only(
 ) -> None:
     """LangGraph stores a checkpoint a second time under the same id (durability="exit"
     does at the end): its index terms are replaced, not added to."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     checkpoint = generate_checkpoint()
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     stored = await call(saver, "put", kind, config, checkpoint, {"step": 1, "who": "a", "x": 1}, {})
@@ -192,7 +187,6 @@ async def test_ordinary_writes_keep_their_first_values_and_special_ones_are_repl
 ) -> None:
     """A retried task cannot change what it wrote; an error or interrupt write replaces
     the earlier one."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
     from langgraph.checkpoint.serde.types import ERROR
 
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
@@ -220,8 +214,6 @@ async def test_checkpoint_rows_are_compressed_only_when_large(
 ) -> None:
     """A checkpoint row of a few channels is stored as it is (compressing it costs more
     time than its bytes are worth); one of many channels is compressed. Both read back."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     values = {f"channel-{i}": i for i in range(channels)}
     versions = {ch: saver.get_next_version(None, None) for ch in values}
     checkpoint = generate_checkpoint(channel_values=values)
@@ -259,11 +251,7 @@ def test_versions_sort_as_strings_in_counter_order(sqlite_path: str) -> None:
 async def test_metadata_filter_is_answered_from_an_index(
     kind: str, sqlite_path: str, pg_url: str
 ) -> None:
-    from langgraph.checkpoint.conformance.test_utils import (
-        generate_checkpoint,
-        generate_config,
-        generate_metadata,
-    )
+    from langgraph.checkpoint.conformance.test_utils import generate_config, generate_metadata
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
         for i in range(300):
@@ -323,8 +311,6 @@ async def test_reads_look_values_and_writes_up_by_primary_key(
     """A read finds each stored value and pending write it needs with a primary-key
     look-up, not by scanning the thread's rows: otherwise reads slow down as a thread
     grows (SQLite scans all of a thread's rows for a row-value IN list)."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     config: Any = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
     versions: dict[str, str] = {}
     for i in range(300):
@@ -399,18 +385,13 @@ async def test_a_failed_write_stores_nothing_and_the_saver_goes_on(
     COMMIT itself, inside the pipeline)."""
     make_op = _failing_put(saver, "t-fail", failure)
     with pytest.raises((ValueError, Exception)) as info:
-        if is_async(kind):
-            await saver.arun_op(make_op, write=True)
-        else:
-            saver.run_op(make_op, write=True)
+        await call(saver, "run_op", kind, make_op, write=True)
     if failure.startswith("python"):
         assert isinstance(info.value, ValueError)
     else:
         assert "no_such_column" in str(info.value)
     assert raw_sql(kind, **db, sql="SELECT * FROM agentcheck_checkpoints") == []
     # The same connections serve the next operations.
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     config = {"configurable": {"thread_id": "t-ok", "checkpoint_ns": ""}}
     for _ in range(3):
         if is_async(kind):
@@ -434,8 +415,6 @@ def test_a_failed_write_on_a_user_connection_stores_nothing(pg_url: str, autocom
             saver.run_op(_failing_put(saver, "t-fail", "sql"), write=True)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         config: Any = {"configurable": {"thread_id": "t-ok", "checkpoint_ns": ""}}
-        from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
         stored = saver.put(config, generate_checkpoint(), {}, {})
         assert saver.get_tuple(stored) is not None
     with psycopg.connect(pg_url) as check:
@@ -448,8 +427,6 @@ def test_a_failed_write_on_a_user_connection_stores_nothing(pg_url: str, autocom
 async def test_a_batch_of_queries_answers_each_in_order(kind: str, saver: Any, write: bool) -> None:
     """Independent queries yielded together (PostgreSQL pipelines them, in a write's
     transaction or on their own) each get their own answer, in order."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     for thread in ("a", "b"):
         config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
         checkpoint = generate_checkpoint()
@@ -470,13 +447,17 @@ async def test_a_batch_of_queries_answers_each_in_order(kind: str, saver: Any, w
         after = yield Query(select, ("b",), fetch=True)
         return answers, after
 
-    if is_async(kind):
-        answers, after = await saver.arun_op(op, write=write)
-    else:
-        answers, after = saver.run_op(op, write=write)
+    answers, after = await call(saver, "run_op", kind, op, write=write)
     expected = [[("b",)], [], [("a",)]] if write else [[("b",)], [("a",)]]
     assert [list(map(tuple, rows)) for rows in answers] == expected
     assert after == ([] if write else [("b",)])
+
+
+def test_a_later_statement_must_be_one_whose_rows_are_read() -> None:
+    with pytest.raises(ValueError, match="fetch=True"):
+        Later(Query("INSERT INTO t VALUES (?)", ("x",)), lambda rows: None)
+    with pytest.raises(ValueError, match="fetch=True"):
+        Later(Query("INSERT INTO t VALUES (?)", [("x",)], many=True, fetch=True), lambda rows: None)
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["commits", "fails"])
@@ -508,9 +489,7 @@ async def test_a_later_statement_hands_its_rows_over_after_the_commit(
         return "done"
 
     async def run() -> Any:
-        if is_async(kind):
-            return await saver.arun_op(op, write=True)
-        return saver.run_op(op, write=True)
+        return await call(saver, "run_op", kind, op, write=True)
 
     if fails:
         with pytest.raises(Exception, match="no_such_column"):
@@ -525,8 +504,6 @@ async def test_a_later_statement_hands_its_rows_over_after_the_commit(
             [(8,)],
             [],
         ]
-        with pytest.raises(ValueError, match="fetch=True"):
-            Later(Query(no_result, ("x",)), got.append)
         stored = raw_sql(kind, **db, sql="SELECT idx FROM agentcheck_writes ORDER BY idx")
         assert [tuple(r) for r in stored] == [(7,), (8,)]
 
@@ -566,10 +543,7 @@ async def test_a_write_of_plain_inserts_is_sent_as_one_statement(
         yield Query(insert, ("two", 1))  # the same key again: a unique violation
 
     async def run(op: Any) -> None:
-        if is_async(kind):
-            await saver.arun_op(op, write=True)
-        else:
-            saver.run_op(op, write=True)
+        await call(saver, "run_op", kind, op, write=True)
 
     await run(one)
     assert sent == [insert]
@@ -594,21 +568,7 @@ async def test_a_write_of_plain_inserts_is_sent_as_one_statement(
     assert len(sent) == 1 and sent[0].count("), (") == 1, sent
 
     def event(kind_: str | None) -> tuple[Any, ...]:
-        return (
-            "r5",
-            "2026-01-01",
-            kind_,
-            "end",
-            "n",
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        return ("r5", "2026-01-01", kind_, "end", "n", *[None] * 8)
 
     def write_and_event(kind_: str | None) -> Any:
         def op() -> Any:
@@ -639,8 +599,6 @@ async def test_a_put_in_the_middle_of_a_run_is_one_statement(
     """The checkpoint row, its values and its index terms go as one statement, and so
     does a put that starts or ends the run: its transition and event (which read and
     return rows) are the statement's main part, after the others as CTEs."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     sent = _sent_statements(monkeypatch)
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     sources = ["input", "update", "loop"]  # starts the run, goes on, ends it (nothing next)
@@ -656,9 +614,9 @@ async def test_a_put_in_the_middle_of_a_run_is_one_statement(
             assert "changed AS (" in sent[0]  # the run's transition, in the same statement
     found = await collect(saver, "list", kind, None, filter={"who": "me", "step": 1})
     assert [t.checkpoint["channel_values"]["n"] for t in found] == [1]
-    run = saver.journal.get_run("t") if not is_async(kind) else await saver.journal.aget_run("t")
+    run = await call(saver.journal, "get_run", kind, "t")
     assert run is not None and run.status == "succeeded"
-    events = saver.journal.events("t") if not is_async(kind) else await saver.journal.aevents("t")
+    events = await call(saver.journal, "events", kind, "t")
     assert [(e.kind, e.phase) for e in events] == [("run", "start"), ("run", "end")]
 
 
@@ -668,7 +626,6 @@ async def test_a_write_of_more_parameters_than_one_statement_takes_is_stored(
 ) -> None:
     """Rows are joined into one statement only up to PostgreSQL's 65,535 parameters: a
     task writing 8,000 Sends (9 parameters each) is stored row by row, as before."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
     from langgraph.types import Send
 
     config: Any = {"configurable": {"thread_id": "fan-out", "checkpoint_ns": ""}}
@@ -722,8 +679,6 @@ async def test_a_filter_is_driven_from_its_rarest_term(kind: str, saver: Any) ->
     """With several terms, a filtered list walks the rarest one. On PostgreSQL the
     common terms are ranked from its statistics, without counting their rows; the
     others (and every term on SQLite) are counted."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     for i in range(400):
         config: Any = {"configurable": {"thread_id": f"t{i % 20}", "checkpoint_ns": ""}}
         metadata = {"kind": "common", "step": i, "ref": f"r{i}"}
@@ -770,8 +725,6 @@ async def test_small_plain_values_are_kept_in_the_checkpoint_row(
 
 
 async def _check_small_plain_values(kind: str, saver: Any, db: dict[str, str]) -> None:
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     values = {
         "none": None,
         "flag": True,
@@ -812,8 +765,6 @@ async def test_inline_values_of_channels_without_a_version_are_not_returned(
 ) -> None:
     """A value whose channel has no version is not part of the checkpoint (as with the
     official savers), small or not."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     version = saver.get_next_version(None, None)
     checkpoint = generate_checkpoint(
         channel_values={"a": 1, "stray": 2, "stray_list": [3]},
@@ -830,8 +781,6 @@ async def test_prune_keep_latest_finds_a_delta_channel_seed_kept_inline(
 ) -> None:
     """keep_latest keeps the ancestors a DeltaChannel needs back to its seed, and no
     further, when the seed is a small value inside a checkpoint's row."""
-    from langgraph.checkpoint.conformance.test_utils import generate_checkpoint
-
     v = saver.get_next_version(None, None)
     shapes = [
         ({"other": [0]}, {"other": v}, {}),  # the root: before the seed
