@@ -9,7 +9,9 @@ savers through the async one (``ainvoke``, ``aruns``, ``arun_op``...).
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -20,6 +22,7 @@ from typing_extensions import TypedDict
 
 import agentcheck
 from agentcheck.journal import Claim, Event, EventSpec, Journal, Step
+from agentcheck.savers.base import _FifoLock
 
 from savers_support import KINDS, call, is_async, is_postgres
 
@@ -316,12 +319,85 @@ async def test_node_end_events_are_named_after_the_nodes(
     )
 
     events = await call(saver.journal, "events", kind, "t1")
-    # Task writes are stored in the background (in either durability mode), so node
-    # events are in the order they were stored, not necessarily the order nodes ran.
     names = [n for n in node_names(events) if n != "__start__"]
-    assert sorted(names) == ["fetch", "think", "write"]
+    assert names == ["fetch", "think", "write"]
     task_ids = [e.step_key for e in events if e.kind == "node" and e.name in names]
     assert len(set(task_ids)) == 3 and all(task_ids)
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_node_events_follow_the_order_the_nodes_ran(
+    kind: str, saver: Any, durability: str
+) -> None:
+    """Task writes are stored from worker threads while the graph runs on; a node's event
+    is still written before the next node's (with a plain lock the thread that arrived
+    last often went first: 45 runs in 50 had two nodes swapped)."""
+    names = tuple(f"n{i}" for i in range(10))
+    graph = linear_graph(saver, names)
+    for run in range(10):
+        await call(graph, "invoke", kind, {"log": []}, config(f"t{run}"), durability=durability)
+        events = await call(saver.journal, "events", kind, f"t{run}")
+        assert node_names(events) == ["__start__", *names], f"run {run}"
+        assert run_events(events) == [("start", None), ("end", "succeeded")]
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_the_thread_lock_is_granted_in_the_order_it_was_asked_for() -> None:
+    lock = _FifoLock()
+    order: list[int] = []
+
+    def take(i: int) -> None:
+        with lock:
+            order.append(i)
+
+    with lock:
+        threads = []
+        for i in range(6):
+            threads.append(threading.Thread(target=take, args=(i,)))
+            threads[-1].start()
+            wait_for(lambda i=i: len(lock._waiters) == i + 1)  # queued before the next starts
+    for t in threads:
+        t.join(30)
+    assert order == list(range(6))
+    assert not lock._held and not lock._waiters
+
+
+def test_a_wait_for_the_thread_lock_interrupted_by_a_signal_gives_up_its_turn() -> None:
+    lock = _FifoLock()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            holding.set()
+            release.wait(30)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise TimeoutError("interrupted")
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(30)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(TimeoutError), lock:
+            pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not lock._waiters  # the interrupted wait left the queue
+    release.set()
+    holder.join(30)
+    assert not lock._held  # and the holder's release left the lock free
+    with lock:
+        assert lock._held
 
 
 @parametrize_kinds

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -37,14 +38,58 @@ def _stripe(thread_id: Any) -> int:
     return hash(str(thread_id)) % _STRIPES
 
 
+class _FifoLock:
+    """A lock granted in the order it was asked for.
+
+    LangGraph stores a step's writes from worker threads while the graph runs on
+    (``durability="async"``, its default): ``threading.Lock`` lets the thread that
+    arrives last take the lock first, which wrote one node's journal event after the
+    next node's (asyncio's lock, used by the async savers, is already first come, first
+    served). The holder hands the lock straight to the oldest waiter.
+    """
+
+    __slots__ = ("_mutex", "_held", "_waiters")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._held = False
+        self._waiters: collections.deque[threading.Lock] = collections.deque()
+
+    def __enter__(self) -> None:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        try:
+            turn.acquire()  # released by the holder that hands the lock over
+        except BaseException:  # interrupted (KeyboardInterrupt): give up the turn
+            with self._mutex:
+                if turn in self._waiters:
+                    self._waiters.remove(turn)
+                    raise
+            self.__exit__()  # the lock was handed over meanwhile: pass it on
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().release()
+            else:
+                self._held = False
+
+
 class SyncSaver(RetentionCore):
     """Base of the sync savers (:class:`SqliteSaver`, :class:`PostgresSaver`)."""
 
     migrations: tuple[tuple[str, ...], ...] = ()
     _is_setup = False
-    # One thread's checkpoint writes are serialized in this process, so that the
-    # journal's run transitions are decided and written in one piece (see _core).
-    _thread_locks: tuple[threading.Lock, ...] = tuple(threading.Lock() for _ in range(_STRIPES))
+    # One thread's checkpoint writes are serialized in this process, in the order they
+    # arrive, so that the journal's run transitions are decided and written in one piece
+    # (see _core) and its events follow the graph's steps.
+    _thread_locks: tuple[_FifoLock, ...] = tuple(_FifoLock() for _ in range(_STRIPES))
 
     def _run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
         raise NotImplementedError
