@@ -9,6 +9,7 @@ savers through the async one (``ainvoke``, ``aruns``, ``arun_op``...).
 from __future__ import annotations
 
 import asyncio
+import operator
 import signal
 import threading
 import time
@@ -281,6 +282,162 @@ async def test_failed_runs_stay_failed_when_checkpoints_are_written_in_the_backg
             await call(graph, "invoke", kind, {}, config(f"t{i}"))
     runs = await call(saver.journal, "runs", kind)
     assert sorted((r.status, r.attempt) for r in runs) == [("failed", 1)] * 20
+
+
+class Joined(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+
+
+def joined_graph(saver: Any, *, defer: bool = False, skip_q: bool = False) -> Any:
+    """START -> p, q; [p, q] -> join -> after -> END (add_edge with a list: a barrier).
+    With ``skip_q`` a condition sends START to ``other`` instead of ``q``: the join
+    never completes and the graph ends with it half full."""
+
+    def node(name: str) -> Callable[[Joined], Joined]:
+        return lambda state: {"log": [name]}
+
+    builder = StateGraph(Joined)
+    for name in ("p", "q", "after", "other"):
+        builder.add_node(name, node(name))
+    builder.add_node("join", node("join"), defer=defer)
+    builder.add_edge(START, "p")
+    if skip_q:
+        builder.add_conditional_edges(START, lambda state: "other", ["q", "other"])
+    else:
+        builder.add_edge(START, "q")
+    builder.add_edge(["p", "q"], "join")
+    builder.add_edge("join", "after")
+    builder.add_edge("after", END)
+    builder.add_edge("other", END)
+    return builder.compile(checkpointer=saver)
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("defer", [False, True], ids=["join", "deferred-join"])
+async def test_a_run_through_a_join_ends_once_after_its_last_node(
+    kind: str, saver: Any, durability: str, defer: bool
+) -> None:
+    """The step after p and q triggers ``join`` through its barrier channel alone (no
+    branch:to channel): the run ended there, then started again (attempt 2)."""
+    graph = joined_graph(saver, defer=defer)
+    result = await call(graph, "invoke", kind, {"log": []}, config("t1"), durability=durability)
+    assert sorted(result["log"]) == ["after", "join", "p", "q"]
+
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("succeeded", 1)
+    events = await call(saver.journal, "events", kind, "t1")
+    assert run_events(events) == [("start", None), ("end", "succeeded")]
+    assert [e.name for e in events][-3:] == ["join", "after", "succeeded"]
+
+
+@parametrize_kinds
+async def test_a_run_ends_with_a_join_whose_other_source_never_ran(kind: str, saver: Any) -> None:
+    graph = joined_graph(saver, skip_q=True)
+    result = await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    assert sorted(result["log"]) == ["other", "p"]
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("succeeded", 1)
+
+
+@parametrize_kinds
+async def test_each_retry_of_a_failed_run_is_an_attempt_with_its_own_start(
+    kind: str, saver: Any
+) -> None:
+    """invoke(None) runs the failed node again from the same checkpoint, with no new
+    checkpoint first: its writes restart the run."""
+    fail = [True]
+    graph = failing_graph(saver, fail)
+    for attempt in (1, 2):
+        with pytest.raises(RuntimeError, match="warehouse"):
+            await call(graph, "invoke", kind, None if attempt > 1 else {}, config("t1"), **SYNC)
+        run = await call(saver.journal, "get_run", kind, "t1")
+        assert (run.status, run.attempt) == ("failed", attempt)
+    fail[0] = False
+    await call(graph, "invoke", kind, None, config("t1"), **SYNC)
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt, run.error) == ("succeeded", 3, None)
+
+    events = await call(saver.journal, "events", kind, "t1")
+    steps = [(e.kind, e.phase, e.name) for e in events if e.name != "__start__"]
+    assert steps == [
+        ("run", "start", None),
+        ("node", "end", "prepare"),
+        ("node", "error", "explode"),
+        ("run", "error", "failed"),
+        ("run", "start", None),
+        ("node", "error", "explode"),
+        ("run", "error", "failed"),
+        ("run", "start", None),
+        ("node", "end", "explode"),
+        ("run", "end", "succeeded"),
+    ]
+
+
+@parametrize_kinds
+async def test_resuming_parallel_interrupts_one_by_one_counts_each_resume(
+    kind: str, saver: Any
+) -> None:
+    """Two nodes pause in one step; each resume names its interrupt (a map of ids), so
+    LangGraph stores the resume value with the task's own writes."""
+
+    def asker(name: str) -> Callable[[Joined], Joined]:
+        return lambda state: {"log": [f"{name}={interrupt(name)}"]}
+
+    builder = StateGraph(Joined)
+    builder.add_node("x", asker("x"))
+    builder.add_node("y", asker("y"))
+    builder.add_edge(START, "x")
+    builder.add_edge(START, "y")
+    builder.add_edge("x", END)
+    builder.add_edge("y", END)
+    graph = builder.compile(checkpointer=saver)
+
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    for attempt, name in ((2, "x"), (3, "y")):
+        state = await call(graph, "get_state", kind, config("t1"))
+        (pending,) = [i for i in state.interrupts if i.value == name]
+        await call(graph, "invoke", kind, Command(resume={pending.id: "ok"}), config("t1"), **SYNC)
+        run = await call(saver.journal, "get_run", kind, "t1")
+        assert run.attempt == attempt
+    assert run.status == "succeeded"
+    events = await call(saver.journal, "events", kind, "t1")
+    assert run_events(events) == [
+        ("start", None),
+        ("interrupt", "interrupted"),  # once for the step, though two nodes paused
+        ("start", None),
+        ("interrupt", "interrupted"),
+        ("start", None),
+        ("end", "succeeded"),
+    ]
+
+
+@parametrize_kinds
+async def test_update_state_leaves_the_run_as_it_was(kind: str, saver: Any) -> None:
+    def ask(state: Log) -> Log:
+        return {"log": [interrupt("approve?")]}
+
+    graph = one_node_graph(saver, ask)
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    await call(graph, "update_state", kind, config("t1"), {"log": ["edited"]})
+    paused = await call(saver.journal, "get_run", kind, "t1")
+    assert (paused.status, paused.attempt) == ("interrupted", 1)
+
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **SYNC)
+    await call(graph, "update_state", kind, config("t1"), {"log": ["after the end"]})
+    done = await call(saver.journal, "get_run", kind, "t1")
+    assert (done.status, done.attempt) == ("succeeded", 2)
+    assert done.ended_at is not None
+
+    events = await call(saver.journal, "events", kind, "t1")
+    assert run_events(events) == [
+        ("start", None),
+        ("interrupt", "interrupted"),
+        ("start", None),
+        ("end", "succeeded"),
+    ]
+    node_events = [(e.phase, e.name) for e in events if e.kind == "node"]
+    assert ("update", None) in node_events  # recorded, not taken for a node that ran
 
 
 @parametrize_kinds

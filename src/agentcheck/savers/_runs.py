@@ -33,6 +33,45 @@ def _node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str |
     return None
 
 
+# Checkpoints written from outside the graph (update_state, and its forks).
+_OUTSIDE_EDITS = ("update", "fork")
+# The task path LangGraph gives the writes of update_state: ~__interrupt__, <index>.
+_UPDATE_PATH = "~__interrupt__"
+_JOIN = "join:"
+
+
+def _triggers_a_node(values: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's channel values trigger a node: a branch to it
+    (``branch:to:<node>``), or a join whose every source has written
+    (``join:<a>+<b>:<node>``, add_edge with a list of sources)."""
+    for channel, value in values.items():
+        if channel.startswith("branch:to:"):
+            return True
+        if channel.startswith(_JOIN) and _join_complete(channel, value):
+            return True
+    return False
+
+
+def _join_complete(channel: str, value: Any) -> bool:
+    """Whether a join's barrier has heard from all its sources: the names seen spell the
+    channel's ``<a>+<b>`` (node names have no ':', but may have '+'). A deferred node's
+    barrier is ``(seen, finished)`` and waits for ``finished`` too."""
+    sources = channel[len(_JOIN) : channel.rfind(":")]
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], bool):
+        value, finished = value
+        if not finished:
+            return False
+    try:
+        seen = [str(name) for name in value]
+    except TypeError:
+        return True  # not a barrier as we know it: never take the run for finished
+    return (
+        bool(seen)
+        and all(name in sources for name in seen)
+        and (sum(map(len, seen)) + len(seen) - 1 == len(sources))
+    )
+
+
 class RunJournal:
     """Run transitions and node events of the graphs that use a saver."""
 
@@ -41,6 +80,9 @@ class RunJournal:
     # Per thread: the run's status as this saver last wrote it, and the checkpoint id of
     # that transition.
     _run_status: dict[str, tuple[str, str | None]]
+    # Per thread: the tasks whose writes paused or failed the run, at that checkpoint. A
+    # later write of one of them is the task run again: the run was retried or resumed.
+    _stopped_by: dict[str, frozenset[str]]
     # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
     _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
 
@@ -77,20 +119,24 @@ class RunJournal:
         """A root checkpoint: (re)start the thread's run (on new input, on the first
         checkpoint this process writes for it: a resume after a crash, or on a checkpoint
         after a pause), and end it when nothing is left to run."""
+        pending = values.get("__pregel_tasks")
+        if pending:
+            self._remember_push_nodes((thread_id, "", checkpoint_id), pending)
+        if meta.get("source") in _OUTSIDE_EDITS:
+            # update_state from outside the graph: the run (paused, failed or ended)
+            # stays as it is; whatever runs next from here restarts it.
+            return None
         status, at = self._run_status.get(thread_id, (None, None))
         if status != "running" and at is not None and checkpoint_id <= at:
             return None  # a late write of the checkpoint the run paused or ended at
         status = yield from self._start_if_due(
             thread_id, checkpoint_id, force=meta.get("source") == "input"
         )
-        pending = values.get("__pregel_tasks")
-        if pending:
-            self._remember_push_nodes((thread_id, "", checkpoint_id), pending)
         if (
             status == "running"
             and meta.get("source") == "loop"
             and not pending
-            and not any(ch.startswith("branch:to:") for ch in values)
+            and not _triggers_a_node(values)
         ):
             # No node is triggered and no task is pending: the graph has finished.
             yield from self.journal_ops.mark_succeeded(
@@ -133,14 +179,26 @@ class RunJournal:
         """A task's writes: it ended, failed or paused for an interrupt."""
         channels = {channel for channel, _ in writes}
         status, at = self._run_status.get(thread_id, (None, None))
+        if task_path.startswith(_UPDATE_PATH):
+            # Writes of update_state (or of a Command's update from outside): recorded,
+            # and the run's status is left to the checkpoint that follows them.
+            kind = "task" if ns else "node"
+            name = task_names.lookup(task_id)
+            yield from self.journal_ops.log(
+                EventSpec(thread_id, kind, "update", name=name, step_key=task_id)
+            )
+            return None
         # Writes of a step older than the run's last transition are still logged, but
         # change the run's status no more.
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
-        if not stale:
-            if channels <= {RESUME} or status is None:
-                # A resume value arriving (Command(resume=...)), or the first write this
-                # process sees for the thread: the run goes on.
-                yield from self._start_if_due(thread_id, checkpoint_id)
+        if not stale and (
+            status is None  # the first write this process sees for the thread
+            or RESUME in channels  # a resume value (Command(resume=...))
+            or (checkpoint_id == at and task_id in self._stopped_by.get(thread_id, ()))
+        ):
+            # The run goes on: resumed, or a task that paused or failed it runs again
+            # (invoke(None) after an error).
+            status = yield from self._start_if_due(thread_id, checkpoint_id)
         if channels <= {RESUME}:
             return None
         new_status: str | None
@@ -163,14 +221,22 @@ class RunJournal:
                 error=error,
             )
         )
-        if new_status is not None and not stale:
-            yield from self.journal_ops.set_run_status(
-                thread_id,
-                new_status,  # type: ignore[arg-type]
-                error=error,
-                framework="langgraph",
-            )
-            yield from self._set_status(thread_id, new_status, checkpoint_id)
+        if new_status is None or stale:
+            return None
+        stopped = self._stopped_by.get(thread_id, frozenset())
+        if status == new_status and at == checkpoint_id:
+            # Another task of the same step paused too (parallel interrupts): one
+            # transition for the step, but each of its tasks resumes it.
+            yield OnCommit(self._remember_stopped(thread_id, stopped | {task_id}))
+            return None
+        yield from self.journal_ops.set_run_status(
+            thread_id,
+            new_status,  # type: ignore[arg-type]
+            error=error,
+            framework="langgraph",
+        )
+        yield from self._set_status(thread_id, new_status, checkpoint_id)
+        yield OnCommit(self._remember_stopped(thread_id, frozenset({task_id})))
         return None
 
     def _set_status(self, run_id: str, status: str, at: str | None) -> Operation[None]:
@@ -181,5 +247,12 @@ class RunJournal:
     def _remember_status(self, run_id: str, status: str, at: str | None) -> Callable[[], None]:
         def remember() -> None:
             self._run_status[run_id] = (status, at)
+            self._stopped_by.pop(run_id, None)
+
+        return remember
+
+    def _remember_stopped(self, run_id: str, tasks: frozenset[str]) -> Callable[[], None]:
+        def remember() -> None:
+            self._stopped_by[run_id] = tasks
 
         return remember
