@@ -23,9 +23,9 @@ import functools
 import hashlib
 import inspect
 import logging
+import sys
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -661,24 +661,40 @@ def idempotent(
     return _decorator(fn, "idempotent", on_unknown, reconcile, name)
 
 
-class _BoundedRegistry:
-    """Per-attempt counters keyed by an object's identity, holding the object so that
-    its id cannot be reused while the entry lives; the oldest entries are dropped."""
+class _AttemptRegistry:
+    """Per-attempt counters keyed by an object's identity (LangGraph's scratchpad of a
+    task attempt, which takes no attributes and no weak references).
+
+    An entry holds its object, so that the id cannot be reused while the entry lives,
+    and lives as long as anything else holds the object: an attempt still running keeps
+    its counters however many others start meanwhile (its next call must not be numbered
+    #0 again, which is the key of its first call). Entries of ended attempts are dropped
+    when the registry fills; it grows if they are all alive.
+    """
 
     def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self.entries: OrderedDict[int, tuple[object, dict[str, int]]] = OrderedDict()
+        self.min_size = self.size = size
+        self.entries: dict[int, tuple[object, dict[str, int]]] = {}
         self.lock = threading.Lock()
 
     def counters_for(self, owner: object) -> dict[str, int]:
         with self.lock:
             entry = self.entries.get(id(owner))
             if entry is None or entry[0] is not owner:
+                if len(self.entries) >= self.size:
+                    self._drop_ended()
                 entry = (owner, {})
                 self.entries[id(owner)] = entry
-                while len(self.entries) > self.size:
-                    self.entries.popitem(last=False)
             return entry[1]
 
+    def _drop_ended(self) -> None:
+        # An object referenced only by its entry, by ``held`` and by getrefcount's own
+        # argument is one nobody else holds: its attempt has ended.
+        for key, (held, _) in list(self.entries.items()):
+            if sys.getrefcount(held) <= _ONLY_OURS:
+                del self.entries[key]
+        self.size = max(self.min_size, 2 * len(self.entries))
 
-attempt_counters = _BoundedRegistry()
+
+_ONLY_OURS = 3
+attempt_counters = _AttemptRegistry()

@@ -19,9 +19,11 @@ import inspect
 import logging
 import operator
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,6 +50,7 @@ from agentcheck import (
     side_effect,
 )
 from agentcheck.adapters.langgraph import durable_model
+from agentcheck.effects import _AttemptRegistry, attempt_counters
 from agentcheck.journal import Event, Step
 from fake_models import ScriptedChatModel, tool_call_message
 
@@ -404,6 +407,73 @@ async def test_two_calls_in_one_node_get_different_keys(kind: str, saver: Any) -
         "tool:notify#0",
         "tool:notify#1",
     ]
+
+
+@parametrize_kinds
+async def test_a_long_task_keeps_its_call_numbers_while_many_others_run(
+    kind: str, saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-attempt call counters outlive any number of other attempts: a task whose
+    counters were dropped numbered its second charge #0, got its first charge's key and
+    returned that charge's result without charging (helper repro: 4,200 other runs)."""
+    monkeypatch.setattr(attempt_counters, "min_size", 8)
+    monkeypatch.setattr(attempt_counters, "size", 8)
+    monkeypatch.setattr(attempt_counters, "entries", type(attempt_counters.entries)())
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+    lookups: list[int] = []
+    lookup = charge_fn(kind, lookups, decorate=idempotent)
+    go_on = threading.Event()
+
+    if is_async(kind):
+
+        async def checkout(state: Log) -> dict[str, Any]:
+            first = await charge(1)
+            while not go_on.is_set():
+                await asyncio.sleep(0.001)
+            return {"out": [first, await charge(2)]}
+
+    else:
+
+        def checkout(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            first = charge(1)
+            assert go_on.wait(60)
+            return {"out": [first, charge(2)]}
+
+    slow = one_node_graph(checkout, saver)
+    fast = one_node_graph(calling_node(kind, lookup, (0,), lambda r: {"out": [r]}), saver)
+
+    async def others() -> None:
+        while not calls:
+            await asyncio.sleep(0.001)
+        for i in range(40):  # other conversations served meanwhile
+            await call(fast, "invoke", kind, {"out": []}, config(f"other-{i}"))
+        go_on.set()
+
+    if is_async(kind):
+        result, _ = await asyncio.gather(slow.ainvoke({"out": []}, config("t1")), others())
+    else:
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(slow.invoke, {"out": []}, config("t1"))
+            await others()
+            result = future.result(60)
+    assert calls == [1, 2]
+    assert [r["charged"] for r in result["out"]] == [1, 2]
+    assert len(lookups) == 40
+
+
+def test_the_attempt_registry_drops_only_attempts_nobody_holds() -> None:
+    class Attempt:
+        pass
+
+    registry = _AttemptRegistry(size=4)
+    live = [Attempt() for _ in range(6)]
+    for attempt in live:
+        registry.counters_for(attempt)["tool:x"] = 1
+    for _ in range(20):  # ended attempts: nothing else holds them
+        registry.counters_for(Attempt())["tool:x"] = 1
+    assert all(registry.counters_for(a) == {"tool:x": 1} for a in live)
+    assert len(registry.entries) <= 2 * len(live) + 1
 
 
 # --------------------------------------------------------------------------- 4. ToolNode
