@@ -108,6 +108,11 @@ class CallContext:
         ask: asks a human and returns the answer (LangGraph: ``interrupt``).
         framework: when set, the journal run is started (as this framework's) before
             the first call this process makes in it.
+        interrupts_made: how many times the caller has asked a human so far in this
+            attempt (LangGraph: its task's ``interrupt()`` calls), None if unknown. A
+            call records how many it made itself.
+        skip_interrupts: passes over that many: a replayed call asks nothing, and the
+            framework matches answers to questions by their order (LangGraph).
     """
 
     journal: Journal
@@ -118,7 +123,14 @@ class CallContext:
     counters: dict[str, int] = field(default_factory=dict)
     ask: Callable[[Any], Any] | None = None
     framework: str | None = None
+    interrupts_made: Callable[[], int | None] | None = None
+    skip_interrupts: Callable[[int], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def asked(self, since: int | None) -> int:
+        """How many times the caller asked a human since ``since`` (0 if unknown)."""
+        now = self.interrupts_made() if self.interrupts_made is not None else None
+        return now - since if now is not None and since is not None else 0
 
     def next_key(self, kind: str, name: str) -> str:
         """The step key of the next call of ``name`` here: by call id, else by ordinal."""
@@ -261,6 +273,7 @@ def protocol(
     wrapped function (and throws its exception back in).
     """
     ops = ctx.journal.ops
+    asked_before = ctx.interrupts_made() if ctx.interrupts_made is not None else None
     step_key = ctx.next_key(spec.kind, spec.name)
     key = idempotency_key_for(ctx.scope, step_key)
     run_id = ctx.run_id or ctx.scope
@@ -302,6 +315,10 @@ def protocol(
     step = claim.step
     if not claim.owned:
         if step.status == "completed":
+            if step.interrupts and ctx.skip_interrupts is not None:
+                # The call asked a human when it ran; the questions after it in the task
+                # must still meet their own answers.
+                ctx.skip_interrupts(step.interrupts)
             yield _Db(lambda: ops.log(event("replay")))
             return step.result, key
         outcome = UnknownOutcome(
@@ -327,6 +344,7 @@ def protocol(
                         owner=owner,
                         result=found,
                         event=event("end", name=f"{spec.name} (reconciled)", payload=found),
+                        interrupts=ctx.asked(asked_before),
                     )
                 )
                 return found, key
@@ -361,6 +379,7 @@ def protocol(
                         event=event(
                             "end", name=f"{spec.name} ({action} by a human)", payload=value
                         ),
+                        interrupts=ctx.asked(asked_before),
                     )
                 )
                 return value, key
@@ -388,7 +407,12 @@ def protocol(
         raise
     tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
     end = event("end", payload=result, input_tokens=tokens_in, output_tokens=tokens_out)
-    yield _Db(lambda: ops.complete(ctx.scope, step_key, owner=owner, result=result, event=end))
+    asked = ctx.asked(asked_before)
+    yield _Db(
+        lambda: ops.complete(
+            ctx.scope, step_key, owner=owner, result=result, event=end, interrupts=asked
+        )
+    )
     return result, key
 
 

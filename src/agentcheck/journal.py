@@ -111,6 +111,8 @@ class Step:
     started_at: str
     finished_at: str | None
     error: str | None
+    # How many interrupt() calls of its task the call made (LangGraph), when completed.
+    interrupts: int
     # Arguments and result are decoded when first read: a claim looks at a step's status,
     # and most of the time never needs them.
     _args: Callable[[], Any] = field(repr=False, compare=False)
@@ -184,7 +186,7 @@ class JournalOps:
 
     def _step(self, row: Sequence[Any]) -> Step:
         (scope, key, run_id, kind, name, effect, status, idem, attempts, owner, started,
-         finished, args_type, args, result_type, result, error) = row  # fmt: skip
+         finished, args_type, args, result_type, result, error, interrupts) = row  # fmt: skip
         return Step(
             scope=scope,
             step_key=key,
@@ -199,6 +201,7 @@ class JournalOps:
             started_at=started,
             finished_at=finished,
             error=error,
+            interrupts=int(interrupts or 0),
             _args=lambda: self.load(args_type, args, f"the arguments of step {key!r}"),
             _result=lambda: self.load(result_type, result, f"the result of step {key!r}"),
         )
@@ -422,11 +425,20 @@ class JournalOps:
         return Claim(step, owned)
 
     def complete(
-        self, scope: str, step_key: str, *, owner: str, result: Any, event: EventSpec | None
+        self,
+        scope: str,
+        step_key: str,
+        *,
+        owner: str,
+        result: Any,
+        event: EventSpec | None,
+        interrupts: int = 0,
     ) -> Operation[bool]:
-        """Record a step's result; False if the step was not ours to finish."""
+        """Record a step's result; False if the step was not ours to finish.
+        ``interrupts``: how many interrupt() calls of its task the call made."""
         rtype, rdata = self.dump(result)
-        yield Query(self.sql.COMPLETE_STEP, (now(), rtype, rdata, scope, step_key, owner))
+        query = (now(), rtype, rdata, interrupts or None, scope, step_key, owner)
+        yield Query(self.sql.COMPLETE_STEP, query)
         rows = yield Query(self.sql.SELECT_STEP_OWNER, (scope, step_key), fetch=True)
         done = bool(rows) and tuple(rows[0]) == (owner, "completed")
         if done and event is not None:

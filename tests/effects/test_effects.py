@@ -225,6 +225,59 @@ async def test_interrupt_resume_does_not_repeat_an_effect(kind: str, saver: Any)
     assert (step.status, step.attempts, step.result) == ("completed", 1, seen[0])
 
 
+@parametrize_kinds
+async def test_interrupts_after_a_replayed_call_that_asked_get_their_own_answers(
+    kind: str, saver: Any
+) -> None:
+    """LangGraph matches answers to a task's interrupt() calls by their order. A replayed
+    call asks nothing, so the questions after it moved up one and got the answer meant
+    for the one before: bob's email was sent on the human's "no"."""
+    sent: list[str] = []
+
+    def decide(to: str, answer: Any) -> str:
+        if answer != "yes":
+            return f"NOT sent to {to}"
+        sent.append(to)
+        return f"sent to {to}"
+
+    if is_async(kind):
+
+        @side_effect
+        async def send_email(to: str) -> str:
+            return decide(to, interrupt(f"send the email to {to}?"))
+
+        async def node(state: Log) -> dict[str, Any]:
+            done = [await send_email("alice"), await send_email("bob")]
+            return {"out": [*done, interrupt("anything else?")]}
+
+    else:
+
+        @side_effect
+        def send_email(to: str) -> str:  # type: ignore[misc]
+            return decide(to, interrupt(f"send the email to {to}?"))
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            done = [send_email("alice"), send_email("bob")]
+            return {"out": [*done, interrupt("anything else?")]}
+
+    graph = one_node_graph(node, saver)
+    asked = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    questions = [asked["__interrupt__"][0].value]
+    for answer in ("yes", "no"):
+        asked = await call(graph, "invoke", kind, Command(resume=answer), config("t1"))
+        questions.append(asked["__interrupt__"][0].value)
+    final = await call(graph, "invoke", kind, Command(resume="that's all"), config("t1"))
+
+    assert questions == ["send the email to alice?", "send the email to bob?", "anything else?"]
+    assert final["out"] == ["sent to alice", "NOT sent to bob", "that's all"]
+    assert sent == ["alice"]
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert sorted((s.result, s.interrupts) for s in steps) == [
+        ("NOT sent to bob", 1),
+        ("sent to alice", 1),
+    ]
+
+
 # --------------------------------------------------------------------------- 2. node retry
 
 
@@ -820,6 +873,36 @@ async def test_unknown_outcome_ask_interrupts_and_follows_the_answer(
     assert final["out"] == [expected]
     done = await only_step(saver, kind, "t1")
     assert (done.status, done.result) == ("completed", expected)
+
+
+@parametrize_kinds
+async def test_a_node_interrupt_after_an_answered_ask_gets_its_own_answer(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """The "ask" policy asks through the task's interrupt(): once answered, the step is
+    completed and is not asked again, and the node's own question after it still meets
+    its own answer (it got the answer to the ask)."""
+    calls: list[int] = []
+    fn = charge_fn(kind, calls, decorate=side_effect(on_unknown="ask"))
+    shipped: list[Any] = []
+
+    def ship(result: Any) -> dict[str, Any]:
+        shipped.append(interrupt("ship the order?"))
+        return {"out": [result, shipped[-1]]}
+
+    await left_started(kind, saver, db, fn)
+    graph = one_node_graph(calling_node(kind, fn, (5,), ship), saver)
+    asked = await call(graph, "invoke", kind, None, config("t1"))
+    assert asked["__interrupt__"][0].value["type"] == "agentcheck.unknown_outcome"
+    resume = Command(resume={"result": "charged 5 (confirmed by a human)"})
+    asked = await call(graph, "invoke", kind, resume, config("t1"))
+    assert asked["__interrupt__"][0].value == "ship the order?"
+    final = await call(graph, "invoke", kind, Command(resume="yes, ship it"), config("t1"))
+
+    assert final["out"] == ["charged 5 (confirmed by a human)", "yes, ship it"]
+    assert calls == [5]
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.interrupts) == ("completed", 1)
 
 
 @parametrize_kinds

@@ -17,13 +17,14 @@ import psycopg_pool
 import pytest
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config
 
-from agentcheck import SchemaVersionError
+from agentcheck import SchemaVersionError, effect_scope, side_effect
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends import sqlite as sqlite_backend
 from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
 
 from savers_support import (
     KINDS,
+    SYNC_KINDS,
     chat_graph,
     chat_turns,
     every_checkpoint,
@@ -348,6 +349,40 @@ def test_two_processes_set_up_a_fresh_postgres_database_at_once(pg_url: str) -> 
 # --------------------------------------------------------------------------- 5. upgrades
 
 
+def downgrade_to_version_2(kind: str, sqlite_path: str, pg_url: str) -> None:
+    """The database as version 2 left it: the columns of migrations 3 and 4 dropped and
+    their records deleted."""
+    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_checkpoints DROP COLUMN blob_keys")
+    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN interrupts")
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version >= 3")
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_steps_completed_before_version_4_replay_after_the_upgrade(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """Migration 4 adds the steps' ``interrupts``: NULL in rows written before, read as
+    none asked."""
+    runs: list[int] = []
+
+    @side_effect
+    def charge(amount: int) -> int:
+        runs.append(amount)
+        return amount
+
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        with effect_scope(saver.journal, "order-1"):
+            assert charge(5) == 5
+    downgrade_to_version_2(kind, sqlite_path, pg_url)
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4]
+        (step,) = upgraded.journal.steps(scope="order-1")
+        assert (step.status, step.interrupts, step.result) == ("completed", 0, 5)
+        with effect_scope(upgraded.journal, "order-1"):
+            assert charge(5) == 5  # replayed
+    assert runs == [5]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_version_2_database_is_upgraded_and_its_rows_read_back(
     kind: str, sqlite_path: str, pg_url: str
@@ -359,12 +394,11 @@ async def test_a_version_2_database_is_upgraded_and_its_rows_read_back(
         await chat_turns(kind, saver, "chat", 12)  # deltas, snapshots, pending writes
         before = await every_checkpoint(kind, saver, "chat")
     assert len(before) > 30
-    # The database as version 2 left it: no column, no record of migration 3.
-    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_checkpoints DROP COLUMN blob_keys")
-    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version = 3")
+    # The database as version 2 left it: no columns, no record of migrations 3 and 4.
+    downgrade_to_version_2(kind, sqlite_path, pg_url)
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4]
         keys = raw_sql(kind, sqlite_path, pg_url, "SELECT blob_keys FROM agentcheck_checkpoints")
         assert keys and all(k is None for (k,) in keys)
         assert await every_checkpoint(kind, upgraded, "chat") == before
@@ -388,8 +422,7 @@ async def test_an_upgrade_leaves_prepared_statements_working(
     next one it prepares too, making every later put fail."""
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
         await chat_turns(kind, saver, "chat", 2)
-    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_checkpoints DROP COLUMN blob_keys")
-    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version = 3")
+    downgrade_to_version_2(kind, sqlite_path, pg_url)
 
     # A pool as LangGraph's docs make one (agentcheck's own pools check each connection
     # they hand out, a query that happens to send the DEALLOCATE ALL first).
@@ -408,7 +441,7 @@ async def test_an_upgrade_leaves_prepared_statements_working(
         upgraded = PostgresSaver(pool)
     try:
         await setup(kind, upgraded)
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4]
         graph = chat_graph().compile(checkpointer=upgraded)
         await run_chat(graph, kind, "chat", 6, start=2)
         state = await call(kind, graph, "get_state", {"configurable": {"thread_id": "chat"}})

@@ -9,7 +9,9 @@ same id and its calls get the same step keys.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -157,7 +159,38 @@ def langgraph_context() -> CallContext | None:
         counters=counters,
         ask=interrupt,
         framework="langgraph",
+        interrupts_made=lambda: _interrupts_made(scratchpad),
+        skip_interrupts=lambda n: _skip_interrupts(scratchpad, n),
     )
+
+
+_COUNT = re.compile(r"count\((\d+)\)")
+
+
+def _interrupts_made(scratchpad: Any) -> int | None:
+    """How many interrupt() calls the task attempt has made: LangGraph numbers them with
+    a lazily made ``itertools.count`` (``scratchpad.interrupt_counter``), read here
+    without moving it. None if its shape is not that (another LangGraph version)."""
+    counter = getattr(scratchpad, "interrupt_counter", None)
+    inner = getattr(counter, "_counter", _NO_COUNTER)
+    if inner is None:
+        return 0  # no interrupt() yet: the count is made on first use
+    count = getattr(inner, "__self__", None)
+    match = _COUNT.fullmatch(repr(count)) if isinstance(count, itertools.count) else None
+    return int(match.group(1)) if match else None
+
+
+_NO_COUNTER = object()
+
+
+def _skip_interrupts(scratchpad: Any, n: int) -> None:
+    """Move the task's interrupt count on by ``n``, as ``n`` answered interrupt() calls
+    would (a replayed call that asked a human when it ran)."""
+    counter = getattr(scratchpad, "interrupt_counter", None)
+    if counter is None:
+        return
+    for _ in range(n):
+        counter()
 
 
 register_resolver(langgraph_context, pause_errors=(GraphBubbleUp,))

@@ -484,16 +484,16 @@ class SQL:
     )
     SELECT_STEP = (
         "SELECT scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
-        "owner, started_at, finished_at, args_type, args, result_type, result, error "
-        "FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
+        "owner, started_at, finished_at, args_type, args, result_type, result, error, "
+        "interrupts FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
     )
     SELECT_STEP_OWNER = (
         "SELECT owner, status FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
     )
     SELECT_STEPS = (
         "SELECT scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
-        "owner, started_at, finished_at, args_type, args, result_type, result, error "
-        "FROM agentcheck_steps"
+        "owner, started_at, finished_at, args_type, args, result_type, result, error, "
+        "interrupts FROM agentcheck_steps"
     )
     # Take over a step from the owner we saw (compare-and-set on the owner), so two
     # workers recovering the same step cannot both run it.
@@ -505,7 +505,8 @@ class SQL:
     # A completed step is never overwritten: only the owner of a started step finishes it.
     COMPLETE_STEP = (
         "UPDATE agentcheck_steps SET status = 'completed', finished_at = ?, result_type = ?, "
-        "result = ? WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
+        "result = ?, interrupts = ? "
+        "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
     FAIL_STEP = (
         "UPDATE agentcheck_steps SET status = 'failed', finished_at = ?, error = ? "
@@ -581,12 +582,19 @@ _V2 = (
 _V3 = ("ALTER TABLE agentcheck_checkpoints ADD COLUMN blob_keys TEXT",)
 
 
+# Migration 4: how many of the task's interrupt() calls a completed step made (a tool
+# that asked a human, the "ask" policy). A replay of the step, which calls nothing,
+# moves LangGraph's count of the task's interrupts on by as many, so the interrupts after
+# it still get their own answers. NULL in rows written before: none.
+_V4 = ("ALTER TABLE agentcheck_steps ADD COLUMN interrupts INTEGER",)
+
+
 def portable_migrations(blob_type: str, serial_type: str) -> tuple[tuple[str, ...], ...]:
     """The migrations shared by both databases, given the binary column type and the
     type of an auto-assigned integer primary key."""
     return tuple(
         tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
-        for migration in (_V1, _V2, _V3)
+        for migration in (_V1, _V2, _V3, _V4)
     )
 
 
