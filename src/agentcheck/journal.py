@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from agentcheck._errors import UnsafeTypeError
 from agentcheck.backends.base import Later, OnCommit, Operation, Query, Rows, in_list
+from agentcheck.serde import SafeSerializer
 
 if TYPE_CHECKING:
     from agentcheck.savers._core import SaverCore
@@ -159,6 +160,15 @@ class EventSpec:
     parent_seq: int | None = None
 
 
+def _repr(value: Any) -> str:
+    """``repr(value)``, or a description of the value if its repr fails: the call it is
+    the result of has had its effect, and must still be recorded as completed."""
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<{type(value).__qualname__}: repr() raised {type(exc).__name__}>"
+
+
 class JournalOps:
     """The journal's operations, free of I/O, on a saver's SQL and encoding."""
 
@@ -173,9 +183,12 @@ class JournalOps:
         if value is None:
             return None, None
         try:
+            serde = self.core.serde
+            if isinstance(serde, SafeSerializer):  # a recorded result comes back as it was
+                return self.core.codec.encode(*serde.dumps_typed(value, keep_tuples=True))
             return self.core._dump(value)
         except (UnsafeTypeError, TypeError):
-            return self.core.codec.encode(_REPR, repr(value).encode())
+            return self.core.codec.encode(_REPR, _repr(value).encode(errors="replace"))
 
     def load(self, type_: str | None, data: Any, what: str) -> Any:
         if type_ is None:

@@ -64,6 +64,9 @@ _NONCE_BYTES = 12
 # one call. A chat's ``messages`` channel is such a list; it reads ~20% and writes ~2.5x
 # faster this way (docs/savers.md, "Storage").
 MESSAGE_LIST = "msgpack-messages"
+# msgpack extension code of a tuple (the items as an array), in the journal's values.
+# LangGraph's own codes are small numbers from 0.
+_EXT_TUPLE = 64
 
 
 class SafeSerializer(JsonPlusSerializer):
@@ -79,15 +82,21 @@ class SafeSerializer(JsonPlusSerializer):
         allowed = list(allowed_types or ())
         super().__init__(pickle_fallback=False, allowed_msgpack_modules=allowed or None)
 
-    def dumps_typed(self, obj: Any, *, exact_text: bool = False) -> tuple[str, bytes]:
+    def dumps_typed(
+        self, obj: Any, *, exact_text: bool = False, keep_tuples: bool = False
+    ) -> tuple[str, bytes]:
         """Serialize ``obj``; raises :class:`UnsafeTypeError` for a type not on the
         allowlist. Text that is not valid Unicode (lone surrogates) is stored with ``?``
         in their place, as LangGraph does, unless ``exact_text`` is set: then it raises
-        ``TypeError`` (the caller can store such data another way)."""
+        ``TypeError`` (the caller can store such data another way). Tuples come back as
+        lists, as in LangGraph's format, unless ``keep_tuples`` is set (the journal's
+        recorded results: a replay must return what the call returned)."""
         if obj is None or isinstance(obj, (bytes, bytearray)):
             return super().dumps_typed(obj)
         refused: list[UnsafeTypeError] = []
         option = _EXACT_TEXT_OPTION if exact_text else _jp._option
+        if keep_tuples:
+            option |= ormsgpack.OPT_PASSTHROUGH_TUPLE
         try:
             if type(obj) is list and obj and _all_messages(obj):
                 # The fields are packed as LangGraph packs a message's (its own default,
@@ -128,6 +137,11 @@ class SafeSerializer(JsonPlusSerializer):
         pydantic = _jp.EXT_PYDANTIC_V2
 
         def hook(code: int, payload: bytes) -> Any:
+            if code == _EXT_TUPLE:
+                items = ormsgpack.unpackb(payload, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)
+                if type(items) is not list:
+                    raise CorruptDataError("a stored tuple is not an array")
+                return tuple(items)
             # Only what names a message class is decoded here; anything else (and a
             # message that will not decode) goes to LangGraph's hook untouched.
             if code == pydantic and _names_a_message(payload):
@@ -152,6 +166,8 @@ class SafeSerializer(JsonPlusSerializer):
         return ormsgpack.packb(obj, default=default, option=option)
 
     def _default(self, obj: Any, refused: list[UnsafeTypeError], option: int) -> Any:
+        if type(obj) is tuple:  # only with keep_tuples: msgpack packs them as arrays
+            return ormsgpack.Ext(_EXT_TUPLE, self._pack(list(obj), refused, option))
         try:
             self._check_allowed(obj)
         except UnsafeTypeError as exc:

@@ -278,6 +278,119 @@ async def test_interrupts_after_a_replayed_call_that_asked_get_their_own_answers
     ]
 
 
+class Unlisted:
+    """A type on no allowlist: a result of it is recorded as its repr."""
+
+    def __repr__(self) -> str:
+        return "Unlisted()"
+
+
+class NoRepr(Unlisted):
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@parametrize_kinds
+async def test_replayed_results_are_what_the_calls_returned_or_their_repr(
+    kind: str, saver: Any
+) -> None:
+    """Tuples come back as tuples (a content_and_artifact tool must return a 2-tuple: its
+    replay failed as a list); a value that cannot be stored safely comes back as its repr,
+    and one whose repr raises is still recorded (the call has had its effect)."""
+    results = {
+        "pair": ("found x", {"hits": [1, 2]}),
+        "nested": {"k": (1, (2, "3")), "l": [(4,)]},
+        "unlisted": Unlisted(),
+        "no_repr": NoRepr(),
+    }
+    runs: list[str] = []
+
+    def body(what: str) -> Any:
+        runs.append(what)
+        return results[what]
+
+    if is_async(kind):
+
+        @side_effect
+        async def fetch(what: str) -> Any:
+            return body(what)
+
+        async def node(state: Log) -> dict[str, Any]:
+            got = {what: await fetch(what) for what in results}
+            return {"out": [(got, interrupt("go on?"))]}
+
+    else:
+
+        @side_effect
+        def fetch(what: str) -> Any:  # type: ignore[misc]
+            return body(what)
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            got = {what: fetch(what) for what in results}
+            return {"out": [(got, interrupt("go on?"))]}
+
+    graph = one_node_graph(node, saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+    (got, _) = final["out"][0]
+    assert runs == list(results)  # each ran once, then was replayed
+    assert got["pair"] == ("found x", {"hits": [1, 2]}) and type(got["pair"]) is tuple
+    assert got["nested"] == {"k": (1, (2, "3")), "l": [(4,)]}
+    assert type(got["nested"]["k"][1]) is tuple and type(got["nested"]["l"][0]) is tuple
+    assert got["unlisted"] == "Unlisted()"
+    assert got["no_repr"] == "<NoRepr: repr() raised RuntimeError>"
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert {s.status for s in steps} == {"completed"}
+
+
+@parametrize_kinds
+async def test_a_content_and_artifact_tool_replays_its_pair(kind: str, saver: Any) -> None:
+    searches: list[str] = []
+
+    if is_async(kind):
+
+        @tool(response_format="content_and_artifact")
+        @side_effect
+        async def search(query: str) -> tuple[str, dict[str, Any]]:
+            """Search the catalogue."""
+            searches.append(query)
+            return f"found {query}", {"hits": [1, 2]}
+
+    else:
+
+        @tool(response_format="content_and_artifact")
+        @side_effect
+        def search(query: str) -> tuple[str, dict[str, Any]]:  # type: ignore[misc]
+            """Search the catalogue."""
+            searches.append(query)
+            return f"found {query}", {"hits": [1, 2]}
+
+    tool_call = {"name": "search", "args": {"query": "x"}, "id": "c1", "type": "tool_call"}
+    seen: list[ToolMessage] = []
+
+    def after(message: ToolMessage) -> dict[str, Any]:
+        seen.append(message)  # the tool's message, made from the (replayed) pair
+        return {"out": [interrupt("ok?")]}
+
+    if is_async(kind):
+
+        async def node(state: Log) -> dict[str, Any]:
+            return after(await search.ainvoke(tool_call))
+
+    else:
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            return after(search.invoke(tool_call))
+
+    graph = one_node_graph(node, saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+    assert searches == ["x"]
+    assert len(seen) == 2
+    for message in seen:
+        assert (message.content, message.artifact) == ("found x", {"hits": [1, 2]})
+
+
 # --------------------------------------------------------------------------- 2. node retry
 
 
