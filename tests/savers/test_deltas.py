@@ -4,6 +4,7 @@ runs, and with encryption."""
 
 from __future__ import annotations
 
+import operator
 import uuid
 from typing import Annotated, Any, TypedDict
 
@@ -11,9 +12,16 @@ import ormsgpack
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 
 from agentcheck import CorruptDataError, generate_key
-from agentcheck.savers._deltas import pack_delta, unpack_delta, window_shift
+from agentcheck.savers._deltas import (
+    ListDeltas,
+    fields_of,
+    pack_delta,
+    unpack_delta,
+    window_shift,
+)
 from agentcheck.serde import MESSAGE_LIST
 
 from savers_support import (
@@ -64,28 +72,73 @@ def check_history(states: list[Any], turns: int) -> None:
         assert contents(state) == expected(turns)[:n]
 
 
-class Loose:
-    """Equal to any other Loose with the same text, never the same object."""
+def test_window_shift_matches_items_by_type_and_contents_as_they_were() -> None:
+    old = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(6)]
+    seen = [fields_of(m) for m in old]
+    assert window_shift(seen, [*seen[2:], fields_of(AIMessage("new"))], 8) == 2
+    copies = [fields_of(m.model_copy()) for m in old[1:]]  # a thread read back: copies
+    assert window_shift(seen, copies, 8) == 1
+    edited = [*seen[:3], fields_of(AIMessage("edited")), *seen[4:]]
+    assert window_shift(seen, edited, 8) is None
+    assert window_shift(seen, seen[5:], 4) is None  # slid further than allowed
+    ints = [fields_of(1), fields_of(2), fields_of(3)]
+    assert window_shift(ints, [fields_of(2), fields_of(3), fields_of(4)], 2) == 1
+    assert window_shift(ints, [fields_of(2.0), fields_of(3.0)], 2) is None  # 2 == 2.0
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+
+class Uncomparable:
+    """Compares like a numpy array: == gives something with no truth value."""
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Loose) and other.text == self.text
+        raise ValueError("the truth value of an array is ambiguous")
 
     __hash__ = None  # type: ignore[assignment]
 
 
-def test_window_shift_matches_items_by_identity_or_equality() -> None:
-    old = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(6)]
-    assert window_shift(old, old[2:] + [AIMessage("new")], 8) == 2  # the same objects
-    copies = [m.model_copy() for m in old[1:]]
-    assert window_shift(old, copies, 8) == 1  # equal objects
-    assert window_shift(old, [*old[:3], AIMessage("edited"), *old[4:]], 8) is None
-    assert window_shift(old, old[5:], 4) is None  # slid further than allowed
-    loose = [Loose("a"), Loose("b"), Loose("c")]
-    assert window_shift(loose, [Loose("b"), Loose("c"), Loose("d")], 2) == 1
-    assert window_shift((1, 2, 3), (2, 3, 4), 2) == 1  # any sequence
+def test_window_shift_of_items_that_cannot_be_compared_is_none() -> None:
+    old = [fields_of(Uncomparable()) for _ in range(3)]
+    assert window_shift(old, [fields_of(Uncomparable()) for _ in range(4)], 2) is None
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        # a dict of the list changed in place, in the same list
+        ("todos", "todos[0] done"),
+        # a message's content changed in place, the same object handed back
+        ("messages", "last message redacted"),
+        # equal values of other types: 1 == 1.0 == True
+        ("ints", "floats"),
+        ("floats", "bools"),
+    ],
+)
+def test_an_item_changed_in_place_or_equal_but_not_the_same_is_no_delta(
+    before: str, after: str
+) -> None:
+    todos = [{"n": i, "done": False} for i in range(10)]
+    messages = [HumanMessage(f"draft {i}", id=f"m{i}") for i in range(10)]
+    lists: dict[str, Any] = {
+        "todos": todos,
+        "messages": messages,
+        "ints": [1] * 10,
+        "floats": [1.0] * 10,
+        "bools": [True] * 10,
+    }
+    deltas = ListDeltas()
+    key = ("t", "", "items")
+    _, remember = deltas.plan(key, "v1", lists[before])
+    assert remember is not None
+    remember()
+    if after == "todos[0] done":
+        todos[0]["done"] = True
+        new = todos
+    elif after == "last message redacted":
+        messages[-1].content = "REDACTED"
+        new = messages
+    else:
+        new = lists[after]
+    delta, _ = deltas.plan(key, "v2", [*new, new[-1]])
+    assert delta is None  # stored whole: no stored version holds these items
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -258,8 +311,6 @@ async def test_a_failed_put_leaves_nothing_to_build_deltas_on(
 def test_a_delete_while_a_put_is_in_flight_leaves_no_base_behind() -> None:
     """A put planned before a thread is deleted or pruned, and committed after, must
     not be remembered as the base of the next delta (its rows may be gone)."""
-    from agentcheck.savers._deltas import ListDeltas
-
     deltas = ListDeltas()
     key = ("t", "", "messages")
     first = [f"m{i}" for i in range(10)]
@@ -468,3 +519,127 @@ async def test_a_corrupt_message_in_a_delta_names_its_channel_and_checkpoint(
         assert "channel 'messages'" in message and "'c'" in message
         assert repr(latest["checkpoint_id"]) in message
         assert "NoSuchMessage" in message
+
+
+# -- lists changed in place, and deltas on rows another saver deleted ----------------------
+
+
+class Edited(TypedDict, total=False):
+    todos: list[dict[str, Any]]
+    messages: Annotated[list[BaseMessage], add_messages]
+
+
+def editing_graph() -> StateGraph[Edited]:
+    """``plan`` writes 10 todos and 10 messages; ``edit`` changes the first todo and the
+    last message in place and hands the very same objects back."""
+
+    def plan(state: Edited) -> Edited:
+        return {
+            "todos": [{"n": i, "done": False} for i in range(10)],
+            "messages": [AIMessage(f"draft {i}", id=f"a{i}") for i in range(10)],
+        }
+
+    def edit(state: Edited) -> Edited:
+        todos = state["todos"]
+        todos[0]["done"] = True
+        last = state["messages"][-1]
+        last.content = "REDACTED"
+        return {"todos": todos, "messages": [last]}
+
+    builder = StateGraph(Edited)
+    builder.add_node("plan", plan)
+    builder.add_node("edit", edit)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "edit")
+    builder.add_edge("edit", END)
+    return builder
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_items_a_node_changed_in_place_read_back_changed(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """The saver compared a list with the version it remembered by the items' identity:
+    the same objects, changed in place, were taken for unchanged and the change was lost
+    (the official savers store it)."""
+    config = {"configurable": {"thread_id": "t1"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = editing_graph().compile(checkpointer=saver)
+        await call(graph, "invoke", kind, {"messages": []}, config, durability="sync")
+        seen = [await call(graph, "get_state", kind, config)]
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        reader = editing_graph().compile(checkpointer=fresh)
+        seen.append(await call(reader, "get_state", kind, config))
+    for state in seen:
+        assert state.values["todos"][0] == {"n": 0, "done": True}
+        assert [m.content for m in state.values["messages"]][-2:] == ["draft 8", "REDACTED"]
+
+
+class Tools(TypedDict, total=False):
+    question: str
+    tools: list[str]
+    docs: Annotated[list[str], operator.add]
+
+
+def tools_graph() -> StateGraph[Tools]:
+    """Every turn sets the same 10 tools and adds 3 documents."""
+
+    def setup(state: Tools) -> Tools:
+        docs = [f"doc about {state['question']} #{i}" for i in range(3)]
+        return {"tools": [f"tool_{i}" for i in range(10)], "docs": docs}
+
+    builder = StateGraph(Tools)
+    builder.add_node("setup", setup)
+    builder.add_edge(START, "setup")
+    builder.add_edge("setup", END)
+    return builder
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("delete", ["delete_thread", "delete_for_runs"])
+async def test_a_thread_deleted_through_another_saver_stays_readable(
+    kind: str, delete: str, sqlite_path: str, pg_url: str
+) -> None:
+    """Two savers on one database (two workers): B deletes the thread, or A's last run;
+    A, which remembered the deleted rows, goes on. Its next put built deltas on them and
+    the thread could not be read any more; the put now finds them gone and stores the
+    values whole."""
+    config = {"configurable": {"thread_id": "t1"}}
+
+    def turn(question: str) -> tuple[Tools, Any]:
+        run = {**config, "metadata": {"run_id": f"run-{question}"}}
+        return {"question": question}, run
+
+    async with (
+        open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as a,
+        open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as b,
+    ):
+        graph = tools_graph().compile(checkpointer=a)
+        for question in ("q1", "q2", "q3", "q4"):
+            await call(graph, "invoke", kind, *turn(question))
+        forgotten: list[str] = []
+        clear_thread = a.list_deltas.clear_thread
+
+        def spy(thread_id: str) -> None:  # A forgets the thread only when a put found out
+            forgotten.append(thread_id)
+            clear_thread(thread_id)
+
+        a.list_deltas.clear_thread = spy
+        if delete == "delete_thread":
+            await call(b, "delete_thread", kind, "t1")
+            expected = 3
+        else:
+            await call(b, "delete_for_runs", kind, ["run-q4"])
+            expected = 12  # q1-q3, and q4 again
+        await call(graph, "invoke", kind, *turn("q4"))
+        assert forgotten == ["t1"]  # its first put after the delete was made again, whole
+        readers = [graph, tools_graph().compile(checkpointer=b)]
+        for reader in readers:
+            state = await call(reader, "get_state", kind, config)
+            assert state.values["tools"] == [f"tool_{i}" for i in range(10)]
+            assert len(state.values["docs"]) == expected
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        state = await call(tools_graph().compile(checkpointer=fresh), "get_state", kind, config)
+        assert len(state.values["docs"]) == expected
+        for snapshot in await history(tools_graph().compile(checkpointer=fresh), kind, config):
+            assert snapshot.values.get("tools") in (None, [f"tool_{i}" for i in range(10)])

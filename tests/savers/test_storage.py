@@ -640,7 +640,11 @@ def test_only_statements_that_cannot_see_each_other_are_joined() -> None:
     """PostgreSQL joins a write's statements into one only when running them as parts
     of one statement (one snapshot, no part seeing another's changes) changes nothing."""
     write, event, terms = SQL.INSERT_WRITE_IF_ABSENT, SQL.INSERT_EVENT, SQL.INSERT_TERM
-    joined = pg_backend._joined
+
+    def joined(shape: tuple[tuple[Any, ...], ...], answer: bool = False) -> str | None:
+        """(sql, rows, disjoint), or (sql, rows, disjoint, check)."""
+        return pg_backend._joined(tuple((*p, False)[:4] for p in shape), answer)
+
     assert joined(((write, 2, False), (event, 0, False))) is not None
     assert joined(((SQL.UPSERT_CHECKPOINT, 0, False), (event, 0, False))) is not None
     assert joined(((event, 0, False), (event, 0, False))) is None  # the same table
@@ -672,6 +676,13 @@ def test_only_statements_that_cannot_see_each_other_are_joined() -> None:
         assert joined(((write, 0, False), (clash + delete, 0, False))) is None  # our CTE name
     lower = "with recursive r as (select 1) DELETE FROM agentcheck_runs WHERE run_id = ?"
     assert joined(((write, 0, False), (lower, 0, False))) is None
+    # A check (Query.check: changes nothing, fails if what it reads is not as expected)
+    # joins whatever it reads, before the statements that write the same table.
+    check, blob = PostgresSQL.CHECK_BLOB, SQL.INSERT_BLOB
+    assert check is not None
+    put = joined(((check, 0, True, True), (blob, 2, False), (SQL.UPSERT_CHECKPOINT, 0, False)))
+    assert put is not None and put.startswith("WITH s0 AS (INSERT INTO agentcheck_blobs")
+    assert put.count("SELECT") == 2  # the check's own
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

@@ -55,6 +55,9 @@ class Query:
         disjoint: the statement touches no row that a later statement of the same
             operation touches (a delete of the rows an insert will not write again):
             a backend may run them as parts of one statement.
+        check: the statement changes nothing and fails if something it reads is not
+            as expected; what it reads, no later statement of the operation writes. A
+            backend may run it as part of one statement with those.
     """
 
     sql: str
@@ -63,6 +66,7 @@ class Query:
     many: bool = field(default=False, kw_only=True)
     fetch: bool = field(default=False, kw_only=True)
     disjoint: bool = field(default=False, kw_only=True)
+    check: bool = field(default=False, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +264,16 @@ class SQL:
         "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
     )
+    # Whether the stored value a delta is built on is still there (another saver may
+    # have deleted it; the values it is built from in turn are kept as long as it is).
+    # SQLite reads the answer; a backend that sends a write's statements without waiting
+    # for answers (PostgreSQL) sets CHECK_BLOB, a statement (Query.check) given the same
+    # parameters that fails with SQLSTATE 22012 (division by zero) if it is not.
+    HAS_BLOB = (
+        "SELECT 1 FROM agentcheck_blobs WHERE thread_id = ? AND checkpoint_ns = ? "
+        "AND channel = ? AND version = ?"
+    )
+    CHECK_BLOB: str | None = None
     DELETE_TERMS_OF = (
         "DELETE FROM agentcheck_metadata_terms "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"

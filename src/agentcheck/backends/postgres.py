@@ -70,6 +70,15 @@ class PostgresSQL(SQL):
         + _EVENT_FROM
     )
     MARK_SUCCEEDED_LOGGED = "WITH changed AS (" + SQL.MARK_SUCCEEDED + ") " + _EVENT_FROM
+    # An insert of nothing, unless the value is missing: then a division by zero (of a
+    # value the planner cannot fold) fails it, and the put with it. Written as an insert
+    # so that it joins the put's statement (see _parts).
+    CHECK_BLOB = (
+        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type) "
+        "SELECT '', '', '', '', (1 / (c.n - c.n))::text FROM (SELECT COUNT(*) AS n "
+        "FROM agentcheck_blobs WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? "
+        "AND version = ?) AS c WHERE c.n = 0"
+    )
     # The keys as one text, channel and version after channel and version, separated by
     # the unit separator (chr(31)), split here into an array: no text can make the
     # statement fail (a JSON one could fail to parse). Sent as a string: psycopg takes
@@ -368,7 +377,9 @@ def _one_statement(queries: Sequence[Query], *, answer_last: bool = False) -> Qu
     count = sum(len(q.params) * len(q.params[0]) if q.many else len(q.params) for q in queries)
     if count > _MAX_PARAMS:
         return None  # PostgreSQL takes at most 65,535 parameters in one statement
-    shape = tuple((q.sql, len(q.params) if q.many else 0, q.disjoint) for q in queries)
+    shape = tuple(
+        (q.sql, len(q.params) if q.many else 0, q.disjoint or q.check, q.check) for q in queries
+    )
     sql = _joined(shape, answer_last)
     if sql is None:
         return None
@@ -386,7 +397,9 @@ _MAX_PARAMS = 65535
 
 
 @lru_cache(maxsize=256)
-def _joined(shape: tuple[tuple[str, int, bool], ...], answer_last: bool = False) -> str | None:
+def _joined(
+    shape: tuple[tuple[str, int, bool, bool], ...], answer_last: bool = False
+) -> str | None:
     """``WITH s0 AS (part 0), ... part n`` for statements of ``(sql, rows, disjoint)``
     (rows 0: a single statement; n: an insert of n rows), or None (see _one_statement)."""
     built = None if answer_last else _parts(shape)
@@ -395,7 +408,7 @@ def _joined(shape: tuple[tuple[str, int, bool], ...], answer_last: bool = False)
     else:
         # The last statement as the main part: any DML, reading or returning rows too
         # (a run's transition and its event), if it names no table the others write.
-        *head, (last, rows, _) = shape
+        *head, (last, rows, _, _) = shape
         built = _parts(head)
         if rows or not head or not last.startswith(_DML) or built is None:
             return None
@@ -414,12 +427,18 @@ def _joined(shape: tuple[tuple[str, int, bool], ...], answer_last: bool = False)
     return f"WITH {ctes} {parts[-1]}"
 
 
-def _parts(shape: Sequence[tuple[str, int, bool]]) -> tuple[list[str], set[str]] | None:
-    """The statements of ``(sql, rows, disjoint)`` as parts of one statement (an insert of
-    n rows as one of n ``VALUES`` groups) and the tables they write, or None."""
+def _parts(
+    shape: Sequence[tuple[str, int, bool, bool]],
+) -> tuple[list[str], set[str]] | None:
+    """The statements of ``(sql, rows, disjoint, check)`` as parts of one statement (an
+    insert of n rows as one of n ``VALUES`` groups; a check as it is) and the tables they
+    write, or None."""
     parts: list[str] = []
     touched: dict[str, bool] = {}  # table -> whether every statement on it so far is disjoint
-    for sql, rows, disjoint in shape:
+    for sql, rows, disjoint, check in shape:
+        if check:  # reads what no later part writes, writes nothing: any statement
+            parts.append(sql)
+            continue
         if "RETURNING" in sql or "SELECT" in sql:
             return None  # an answer to read, or a read of rows another part may change
         insert, delete = _PLAIN_INSERT.match(sql), _PLAIN_DELETE.match(sql)

@@ -162,6 +162,10 @@ class _Decoded:
     values: dict[tuple[str, str], Any] = field(default_factory=dict)
 
 
+class StaleDeltaBase(Exception):
+    """A delta's stored base is gone (see SaverCore._check_bases); never escapes a put."""
+
+
 class SaverCore(RunJournal, BaseCheckpointSaver[str]):
     """Non-I/O base class of every agentcheck saver.
 
@@ -229,6 +233,29 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
     def _dump(self, value: Any) -> tuple[str, bytes]:
         return self.codec.encode(*self.serde.dumps_typed(value))
+
+    def _check_bases(
+        self, thread_id: str, ns: str, planned: Mapping[str, Sequence[str]]
+    ) -> Operation[None]:
+        """Fail with :class:`StaleDeltaBase` (or, on PostgreSQL, SQLSTATE 22012 when the
+        statements are answered) if the stored value a delta is built on is gone: the
+        thread was deleted or pruned by another saver, whose memory this one does not
+        share. The put is then made again with every value stored whole."""
+        for channel, chain in planned.items():
+            params = (thread_id, ns, channel, chain[-1])
+            if self.sql.CHECK_BLOB is not None:
+                yield Query(self.sql.CHECK_BLOB, params, check=True)
+            elif not (yield Query(self.sql.HAS_BLOB, params, fetch=True)):
+                raise StaleDeltaBase(thread_id)
+        return None
+
+    def _retry_stale(self, exc: BaseException, config: RunnableConfig) -> bool:
+        """Whether a failed put is one :meth:`_check_bases` stopped; if so, this saver
+        forgets the thread's lists, so that the put made again stores them whole."""
+        if not isinstance(exc, StaleDeltaBase) and getattr(exc, "sqlstate", None) != "22012":
+            return False
+        self.list_deltas.clear_thread(str(config["configurable"]["thread_id"]))
+        return True
 
     def _load(
         self,
@@ -381,6 +408,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         key = (thread_id, ns, checkpoint_id)
         terms = [(*key, self._term(t)) for t in set(metadata_terms(meta))]
 
+        if planned:
+            yield from self._check_bases(thread_id, ns, planned)
         if blob_rows:
             yield Query(self.sql.INSERT_BLOB, blob_rows, many=True)
         yield Query(

@@ -12,12 +12,24 @@ is stored whole (a *snapshot*), so reading a version takes at most ``snapshot_ev
 rows; the checkpoint names them all (its ``_ac_bases`` entry), so one query fetches them.
 
 The saver remembers, per (thread, namespace, channel), the latest version it wrote in this
-process. A new process (or a fork from an old checkpoint it does not remember) simply
-starts with a snapshot: deltas are an optimization, never needed for correctness.
+process: each item's type and a shallow copy of what it holds (a message's fields, a
+dict's entries), as they were when stored. An item is unchanged if its type and those
+are equal now: a graph may change an item in place (a message's content, a dict's key)
+and hand back the very same object, and 1, 1.0 and True are equal but are not the same
+value; a thread read back from the database (the next turn of a chat) holds equal copies.
+Comparing whole serialized items would cost every put the serialization of the whole
+list, which deltas are there to avoid; a change made in place deeper inside an item
+(appending to a message's list of tool calls) is not seen: hand back a new object for
+that, as LangGraph's reducers do. A new process (or a fork from an old checkpoint it
+does not remember) simply starts with a snapshot: deltas are an optimization, never
+needed for correctness.
+Before a delta is stored, the put checks that the rows it is built from still exist:
+another saver (another process) may have deleted or pruned the thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -25,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ormsgpack
+from pydantic import BaseModel
 
 __all__ = ["DELTA", "BASES_KEY", "Delta", "ListDeltas", "pack_delta", "unpack_delta"]
 
@@ -56,27 +69,42 @@ def unpack_delta(data: bytes) -> tuple[str, int, str, bytes]:
 
 @dataclass(frozen=True)
 class _Latest:
-    """The latest version written of a channel: its items and what it is built from."""
+    """The latest version written of a channel: its items as they were (see
+    :func:`fields_of`) and what it is built from."""
 
     version: str
     items: list[Any]
     chain: tuple[str, ...]
 
 
+def fields_of(item: Any) -> tuple[type, Any]:
+    """An item's type and a shallow copy of what it holds (a dict's or a list's entries,
+    a pydantic model's or a dataclass's fields: a message's), or the item itself, then
+    compared by ``==`` (str, int, tuple... and any other object). See the module's
+    docstring."""
+    kind = type(item)
+    if kind is dict or kind is list:
+        return kind, item.copy()
+    if isinstance(item, BaseModel) or (
+        dataclasses.is_dataclass(item) and hasattr(item, "__dict__")
+    ):
+        return kind, item.__dict__.copy()
+    return kind, item
+
+
 def window_shift(old: Sequence[Any], new: Sequence[Any], max_shift: int) -> int | None:
     """The ``d`` such that ``new`` starts with ``old[d:]`` (``old`` slid by ``d``, then
     extended), for ``d <= max_shift`` with some overlap left; None if there is none.
-
-    Items match if they are the same object or compare equal: list equality in C, which
-    tests identity first (LangGraph passes on the very message objects it was given).
-    """
+    Items are compared as :func:`fields_of` gives them (lists compared in C: identity
+    first, then equality); one that cannot be compared (a numpy array) matches nothing."""
     old, new = list(old), list(new)
-    for d in range(min(max_shift, len(old) - 1) + 1):
-        overlap = len(old) - d
-        if overlap > len(new) or not (old[d] is new[0] or old[d] == new[0]):
-            continue
-        if old[d:] == new[:overlap]:
-            return d
+    try:
+        for d in range(min(max_shift, len(old) - 1) + 1):
+            overlap = len(old) - d
+            if overlap <= len(new) and old[d] == new[0] and old[d:] == new[:overlap]:
+                return d
+    except Exception:  # an ambiguous comparison (arrays): store the list whole
+        return None
     return None
 
 
@@ -122,7 +150,7 @@ class ListDeltas:
         with self._lock:
             latest = self._latest.get(key)
             clears = self._clears
-        items = list(value)
+        items = [fields_of(item) for item in value]
         chain: tuple[str, ...] = ()
         delta = None
         if (
@@ -130,7 +158,7 @@ class ListDeltas:
             and latest.version != version
             and len(latest.chain) < self.snapshot_every
         ):
-            shift = window_shift(latest.items, value, self.max_shift)
+            shift = window_shift(latest.items, items, self.max_shift)
             if shift is not None:
                 tail = value[len(latest.items) - shift :]
                 if len(tail) <= max(self.snapshot_every, len(value) // 4):

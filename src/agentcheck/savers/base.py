@@ -137,6 +137,13 @@ class SyncSaver(RetentionCore):
     ) -> RunnableConfig:
         """Store a checkpoint; values are written only for the channels in ``new_versions``."""
         with self._thread_locks[_stripe(config["configurable"]["thread_id"])]:
+            try:
+                return self._call(
+                    lambda: self._put(config, checkpoint, metadata, new_versions), True
+                )
+            except Exception as exc:
+                if not self._retry_stale(exc, config):
+                    raise
             return self._call(lambda: self._put(config, checkpoint, metadata, new_versions), True)
 
     def put_writes(
@@ -317,6 +324,13 @@ class AsyncSaver(RetentionCore):
     ) -> RunnableConfig:
         """Store a checkpoint; values are written only for the channels in ``new_versions``."""
         async with self._thread_lock(config):
+            try:
+                return await self._call(
+                    lambda: self._put(config, checkpoint, metadata, new_versions), True
+                )
+            except Exception as exc:
+                if not self._retry_stale(exc, config):
+                    raise
             return await self._call(
                 lambda: self._put(config, checkpoint, metadata, new_versions), True
             )
