@@ -19,6 +19,7 @@ the saver compiled into the graph, the thread, the task) or given explicitly wit
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import inspect
@@ -245,7 +246,19 @@ class _Call:
     idempotency_key: str
 
 
-Action = _Db | _Reconcile | _Ask | _Call
+@dataclass(frozen=True)
+class _Wait:
+    done: threading.Event
+
+
+Action = _Db | _Reconcile | _Ask | _Call | _Wait
+
+# The calls running in this process, by their claim's owner token, with the event set
+# once their outcome is recorded. A call that finds its step started by one of them waits
+# for it rather than taking it for a call cut short: LangGraph's async ToolNode leaves a
+# tool running when a sibling fails, and a RetryPolicy then runs the task again.
+_running: dict[str, threading.Event] = {}
+_running_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -297,8 +310,8 @@ def protocol(
             )
         )
 
-    claim: Claim = yield _Db(
-        lambda: ops.claim(
+    def claim_step() -> Any:
+        return ops.claim(
             ctx.scope,
             step_key,
             run_id=run_id,
@@ -311,7 +324,15 @@ def protocol(
             event=event("start", payload=start_payload),
             ensure_run=ctx.framework,
         )
-    )
+
+    claim: Claim = yield _Db(claim_step)
+    while not claim.owned and claim.step.status == "started":
+        with _running_lock:
+            running = _running.get(claim.step.owner)
+        if running is None:
+            break  # started by a call no longer running here: its outcome is unknown
+        yield _Wait(running)
+        claim = yield _Db(claim_step)
     step = claim.step
     if not claim.owned:
         if step.status == "completed":
@@ -389,31 +410,39 @@ def protocol(
             # Someone else took the step between our look and our claim.
             raise ToolOutcomeUnknown(outcome)
 
+    done = threading.Event()
+    with _running_lock:
+        _running[owner] = done
     try:
-        result = yield _Call(key)
-    except _pause_errors:
-        yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
-        raise
-    except Exception as exc:
-        # The call reported its own failure. (A cancellation or KeyboardInterrupt is not
-        # caught here: the call may have had its effect, so the step stays "started" and
-        # its outcome unknown.)
-        error = f"{type(exc).__name__}: {exc}"
+        try:
+            result = yield _Call(key)
+        except _pause_errors:
+            yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
+            raise
+        except Exception as exc:
+            # The call reported its own failure. (A cancellation or KeyboardInterrupt is
+            # not caught here: the call may have had its effect, so the step stays
+            # "started" and its outcome unknown.)
+            error = f"{type(exc).__name__}: {exc}"
+            yield _Db(
+                lambda: ops.fail(
+                    ctx.scope, step_key, owner=owner, error=error, event=event("error", error=error)
+                )
+            )
+            raise
+        tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
+        end = event("end", payload=result, input_tokens=tokens_in, output_tokens=tokens_out)
+        asked = ctx.asked(asked_before)
         yield _Db(
-            lambda: ops.fail(
-                ctx.scope, step_key, owner=owner, error=error, event=event("error", error=error)
+            lambda: ops.complete(
+                ctx.scope, step_key, owner=owner, result=result, event=end, interrupts=asked
             )
         )
-        raise
-    tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
-    end = event("end", payload=result, input_tokens=tokens_in, output_tokens=tokens_out)
-    asked = ctx.asked(asked_before)
-    yield _Db(
-        lambda: ops.complete(
-            ctx.scope, step_key, owner=owner, result=result, event=end, interrupts=asked
-        )
-    )
-    return result, key
+        return result, key
+    finally:  # its outcome is recorded (or it never will be): waiters look again
+        with _running_lock:
+            _running.pop(owner, None)
+        done.set()
 
 
 def _parse_answer(answer: Any) -> tuple[str, Any]:
@@ -465,6 +494,8 @@ class ProtocolRun:
             try:
                 if isinstance(action, _Db):
                     value = self.ctx.journal.run_op(action.make_op, True)
+                elif isinstance(action, _Wait):
+                    action.done.wait()
                 elif isinstance(action, _Reconcile):
                     assert self.spec.reconcile is not None
                     value = self.spec.reconcile(action.outcome)
@@ -484,6 +515,9 @@ class ProtocolRun:
             try:
                 if isinstance(action, _Db):
                     value = await self.ctx.journal.arun_op(action.make_op, True)
+                elif isinstance(action, _Wait):
+                    while not action.done.is_set():  # the call may run on this event loop
+                        await asyncio.sleep(0.002)
                 elif isinstance(action, _Reconcile):
                     assert self.spec.reconcile is not None
                     value = self.spec.reconcile(action.outcome)

@@ -391,6 +391,54 @@ async def test_a_content_and_artifact_tool_replays_its_pair(kind: str, saver: An
         assert (message.content, message.artifact) == ("found x", {"hits": [1, 2]})
 
 
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+@pytest.mark.parametrize("decorate", [side_effect, idempotent], ids=["side_effect", "idempotent"])
+async def test_a_retried_tool_node_waits_for_a_sibling_still_running(
+    kind: str, saver: Any, decorate: Any
+) -> None:
+    """An async ToolNode whose other tool fails leaves the slow charge running, and the
+    node's RetryPolicy runs it again at once: the charge's step is started by a call
+    still running in this process. It was taken for a call cut short (ToolOutcomeUnknown
+    for a side effect; an idempotent call ran twice at once); the retry now waits for it
+    and replays its result."""
+    runs: list[str] = []
+    jams: list[int] = []
+
+    @tool
+    @decorate
+    async def charge(amount: int) -> str:
+        """Charge the card."""
+        runs.append("start")
+        await asyncio.sleep(0.3)
+        runs.append("done")
+        return f"charged {amount}"
+
+    @tool
+    async def printer(what: str) -> str:
+        """Print a receipt."""
+        jams.append(1)
+        if len(jams) == 1:
+            raise Flaky("paper jam")
+        return "printed"
+
+    asking = tool_call_message(("charge", {"amount": 1}, "c1"), ("printer", {"what": "x"}, "c2"))
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [asking]})
+    tools = ToolNode([charge, printer], handle_tool_errors=False)
+    builder.add_node("tools", tools, retry_policy=retry_twice())
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "tools")
+    builder.add_edge("tools", END)
+    graph = builder.compile(checkpointer=saver)
+
+    final = await graph.ainvoke({"messages": [HumanMessage("go")]}, config("t1"))
+    answers = [m.content for m in final["messages"] if isinstance(m, ToolMessage)]
+    assert answers == ["charged 1", "printed"]
+    assert runs == ["start", "done"]  # once
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.result, step.attempts) == ("completed", "charged 1", 1)
+
+
 # --------------------------------------------------------------------------- 2. node retry
 
 
