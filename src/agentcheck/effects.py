@@ -114,6 +114,9 @@ class CallContext:
             call records how many it made itself.
         skip_interrupts: passes over that many: a replayed call asks nothing, and the
             framework matches answers to questions by their order (LangGraph).
+        resolve_prefix: a journal operation giving the key prefix to use instead of
+            ``key_prefix``, run before the first call (LangGraph: the task a task
+            continues after update_state).
     """
 
     journal: Journal
@@ -126,6 +129,7 @@ class CallContext:
     framework: str | None = None
     interrupts_made: Callable[[], int | None] | None = None
     skip_interrupts: Callable[[int], None] | None = None
+    resolve_prefix: Callable[[], Any] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def asked(self, since: int | None) -> int:
@@ -287,6 +291,9 @@ def protocol(
     """
     ops = ctx.journal.ops
     asked_before = ctx.interrupts_made() if ctx.interrupts_made is not None else None
+    if ctx.resolve_prefix is not None:
+        ctx.key_prefix = yield _Db(ctx.resolve_prefix)
+        ctx.resolve_prefix = None
     step_key = ctx.next_key(spec.kind, spec.name)
     key = idempotency_key_for(ctx.scope, step_key)
     run_id = ctx.run_id or ctx.scope

@@ -439,6 +439,34 @@ async def test_a_retried_tool_node_waits_for_a_sibling_still_running(
     assert (step.status, step.result, step.attempts) == ("completed", "charged 1", 1)
 
 
+@parametrize_kinds
+@pytest.mark.parametrize("updates", [1, 2])
+async def test_update_state_while_paused_does_not_repeat_an_effect(
+    kind: str, saver: Any, updates: int
+) -> None:
+    """A reviewer edits the state of a node paused after its charge (update_state), then
+    resumes it: LangGraph runs the node as a new task of the update's checkpoint, whose
+    calls got new keys, so the card was charged twice, under two keys."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    def after(result: Any) -> dict[str, Any]:
+        return {"out": [result, interrupt("review the order?")]}
+
+    graph = one_node_graph(calling_node(kind, charge, (5,), after), saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    for i in range(updates):
+        await call(graph, "update_state", kind, config("t1"), {"out": [f"note {i}"]})
+    final = await call(graph, "invoke", kind, Command(resume="approved"), config("t1"))
+
+    assert calls == [5]
+    assert final["out"][-2:] == [{"charged": 5, "run": 1}, "approved"]
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.attempts) == ("completed", 1)
+    events = await call(saver.journal, "events", kind, "t1")
+    assert phases(events) == ["start", "end", "replay"]
+
+
 # --------------------------------------------------------------------------- 2. node retry
 
 

@@ -17,6 +17,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from contextvars import ContextVar
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -150,10 +151,22 @@ def langgraph_context() -> CallContext | None:
     counters = attempt_counters.counters_for(scratchpad) if scratchpad is not None else {}
     callbacks = config.get("callbacks")
     parent_run_id = getattr(callbacks, "parent_run_id", None)
+    resolve_prefix = None
+    if conf.get("__pregel_resuming") and task_id:
+        # Resumed: this task may go on with one that paused before an update_state.
+        parent_ns, _, own = str(ns).rpartition("|")
+        node = own.partition(":")[0]
+        checkpoint_id = (conf.get("checkpoint_map") or {}).get(parent_ns)
+        if node and checkpoint_id:
+            resolve_prefix = partial(
+                _continued_prefix, saver, str(thread_id), parent_ns, str(checkpoint_id),
+                node, str(ns), str(task_id),
+            )  # fmt: skip
     return CallContext(
         journal=saver.journal,
         scope=str(thread_id),
         key_prefix=f"{ns}|{task_id}",
+        resolve_prefix=resolve_prefix,
         run_id=str(thread_id),
         call_id=_tool_call_ids.lookup(parent_run_id),
         counters=counters,
@@ -162,6 +175,42 @@ def langgraph_context() -> CallContext | None:
         interrupts_made=lambda: _interrupts_made(scratchpad),
         skip_interrupts=lambda n: _skip_interrupts(scratchpad, n),
     )
+
+
+# Key prefixes of resumed tasks, by (thread, namespace, task id): found once per task.
+_continued: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+_continued_lock = threading.Lock()
+
+
+def _continued_prefix(
+    saver: SyncSaver | AsyncSaver,
+    thread_id: str,
+    parent_ns: str,
+    checkpoint_id: str,
+    node: str,
+    ns: str,
+    task_id: str,
+) -> Generator[Any, Any, str]:
+    """The key prefix of a resumed task's calls (a journal operation): that of the task
+    it goes on with, when update_state was called while the node was paused at an
+    interrupt (LangGraph then runs it as a new task of the update's checkpoint, and its
+    calls would get new keys and run again), else its own."""
+    key = (thread_id, ns, task_id)
+    with _continued_lock:
+        found = _continued.get(key)
+    if found is not None:
+        return found
+    earlier = yield from saver._continued_task(thread_id, parent_ns, checkpoint_id, node)
+    if earlier is None:
+        prefix = f"{ns}|{task_id}"
+    else:
+        own = f"{node}:{earlier}"
+        prefix = f"{parent_ns}|{own}|{earlier}" if parent_ns else f"{own}|{earlier}"
+    with _continued_lock:
+        _continued[key] = prefix
+        while len(_continued) > 4096:
+            _continued.popitem(last=False)
+    return prefix
 
 
 _COUNT = re.compile(r"count\((\d+)\)")

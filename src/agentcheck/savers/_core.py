@@ -42,12 +42,13 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import INTERRUPT
 
 from agentcheck._errors import CorruptDataError
 from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
-from agentcheck.savers._runs import RunJournal
+from agentcheck.savers._runs import OUTSIDE_EDITS, RunJournal, node_name
 from agentcheck.savers._terms import metadata_terms
 from agentcheck.serde import (
     MESSAGE_LIST,
@@ -471,6 +472,32 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         return None
 
     # -- reads ----------------------------------------------------------------------
+
+    def _continued_task(
+        self, thread_id: str, ns: str, checkpoint_id: str, node: str
+    ) -> Operation[str | None]:
+        """The task that ``node`` continues at ``checkpoint_id``, if that checkpoint was
+        written by update_state while the node was paused at an interrupt: LangGraph then
+        runs the node again as a new task of the new checkpoint (a new task id), which is
+        still the paused one going on. None otherwise."""
+        for _ in range(16):  # updates made one after another
+            found = yield from self._get_tuple(
+                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                  "checkpoint_id": checkpoint_id}}
+            )  # fmt: skip
+            if found is None or found.metadata.get("source") not in OUTSIDE_EDITS:
+                return None
+            if found.parent_config is None:
+                return None
+            checkpoint_id = found.parent_config["configurable"]["checkpoint_id"]
+            params = (thread_id, ns, checkpoint_id, INTERRUPT)
+            rows = yield Query(self.sql.SELECT_PAUSED_TASKS, params, fetch=True)
+            paused = {str(task_id) for task_id, path in rows if node_name(path) == node}
+            if len(paused) == 1:
+                return paused.pop()
+            if paused:
+                return None  # several of that node paused there: which one is unclear
+        return None
 
     def _get_tuple(self, config: RunnableConfig) -> Operation[CheckpointTuple | None]:
         conf = config["configurable"]

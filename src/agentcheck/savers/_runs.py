@@ -17,10 +17,10 @@ from agentcheck import _task_names as task_names
 from agentcheck.backends.base import OnCommit, Operation
 from agentcheck.journal import EventSpec, JournalOps
 
-__all__ = ["RunJournal"]
+__all__ = ["OUTSIDE_EDITS", "RunJournal", "node_name"]
 
 
-def _node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | None:
+def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | None:
     """The node of a task path: ``~__pregel_pull, agent`` names it; a Send task's
     ``~__pregel_push, 0000000002, ...`` indexes the checkpoint's pending Sends."""
     parts = [p.strip() for p in task_path.lstrip("~").split(",")]
@@ -34,7 +34,7 @@ def _node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str |
 
 
 # Checkpoints written from outside the graph (update_state, and its forks).
-_OUTSIDE_EDITS = ("update", "fork")
+OUTSIDE_EDITS = ("update", "fork")
 # The task path LangGraph gives the writes of update_state: ~__interrupt__, <index>.
 _UPDATE_PATH = "~__interrupt__"
 _JOIN = "join:"
@@ -122,7 +122,7 @@ class RunJournal:
         pending = values.get("__pregel_tasks")
         if pending:
             self._remember_push_nodes((thread_id, "", checkpoint_id), pending)
-        if meta.get("source") in _OUTSIDE_EDITS:
+        if meta.get("source") in OUTSIDE_EDITS:
             # update_state from outside the graph: the run (paused, failed or ended)
             # stays as it is; whatever runs next from here restarts it.
             return None
@@ -209,7 +209,7 @@ class RunJournal:
         else:
             phase, new_status = "end", None
         error = next((repr(v) for c, v in writes if c == ERROR), None)
-        name = _node_name(task_path, self._push_nodes_at(thread_id, ns, checkpoint_id))
+        name = node_name(task_path, self._push_nodes_at(thread_id, ns, checkpoint_id))
         name = name or task_names.lookup(task_id)
         yield from self.journal_ops.log(
             EventSpec(
