@@ -17,8 +17,9 @@ from langgraph.graph.message import add_messages
 from agentcheck import CorruptDataError, generate_key
 from agentcheck.savers._deltas import (
     ListDeltas,
-    fields_of,
     pack_delta,
+    snapshot,
+    states_of,
     unpack_delta,
     window_shift,
 )
@@ -72,22 +73,29 @@ def check_history(states: list[Any], turns: int) -> None:
         assert contents(state) == expected(turns)[:n]
 
 
+def shift(old: list[Any], new: list[Any], max_shift: int = 8) -> int | None:
+    """window_shift of two lists of items, the old one as a saver keeps it."""
+    old_types, new_types = list(map(type, old)), list(map(type, new))
+    kept = [snapshot(s, t) for s, t in zip(states_of(old, old_types), old_types, strict=True)]
+    return window_shift(old_types, kept, new_types, states_of(new, new_types), max_shift)
+
+
 def test_window_shift_matches_items_by_type_and_contents_as_they_were() -> None:
     old = [HumanMessage(f"m{i}", id=f"m{i}") for i in range(6)]
-    seen = [fields_of(m) for m in old]
-    assert window_shift(seen, [*seen[2:], fields_of(AIMessage("new"))], 8) == 2
-    copies = [fields_of(m.model_copy()) for m in old[1:]]  # a thread read back: copies
-    assert window_shift(seen, copies, 8) == 1
-    edited = [*seen[:3], fields_of(AIMessage("edited")), *seen[4:]]
-    assert window_shift(seen, edited, 8) is None
-    assert window_shift(seen, seen[5:], 4) is None  # slid further than allowed
-    ints = [fields_of(1), fields_of(2), fields_of(3)]
-    assert window_shift(ints, [fields_of(2), fields_of(3), fields_of(4)], 2) == 1
-    assert window_shift(ints, [fields_of(2.0), fields_of(3.0)], 2) is None  # 2 == 2.0
+    assert shift(old, [*old[2:], AIMessage("new")]) == 2
+    assert shift(old, [m.model_copy() for m in old[1:]]) == 1  # read back: copies
+    assert shift(old, [*old[:3], AIMessage("edited"), *old[4:]]) is None
+    assert shift(old, old[5:], 4) is None  # slid further than allowed
+    assert shift([1, 2, 3], [2, 3, 4], 2) == 1
+    assert shift([1, 2, 3], [2.0, 3.0], 2) is None  # 2 == 2.0, but not the same value
+    todos = [{"n": i} for i in range(3)]
+    assert shift(todos, [{"n": 1}, {"n": 2}], 2) == 1
 
 
 class Uncomparable:
     """Compares like a numpy array: == gives something with no truth value."""
+
+    __slots__ = ()
 
     def __eq__(self, other: object) -> bool:
         raise ValueError("the truth value of an array is ambiguous")
@@ -96,8 +104,7 @@ class Uncomparable:
 
 
 def test_window_shift_of_items_that_cannot_be_compared_is_none() -> None:
-    old = [fields_of(Uncomparable()) for _ in range(3)]
-    assert window_shift(old, [fields_of(Uncomparable()) for _ in range(4)], 2) is None
+    assert shift([Uncomparable() for _ in range(3)], [Uncomparable() for _ in range(4)], 2) is None
 
 
 @pytest.mark.parametrize(

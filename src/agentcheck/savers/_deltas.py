@@ -69,39 +69,78 @@ def unpack_delta(data: bytes) -> tuple[str, int, str, bytes]:
 
 @dataclass(frozen=True)
 class _Latest:
-    """The latest version written of a channel: its items as they were (see
-    :func:`fields_of`) and what it is built from."""
+    """The latest version written of a channel: its items' types and what they held
+    then (see :func:`states_of`), and what it is built from."""
 
     version: str
-    items: list[Any]
+    types: list[type]
+    states: list[Any]
     chain: tuple[str, ...]
 
 
-def fields_of(item: Any) -> tuple[type, Any]:
-    """An item's type and a shallow copy of what it holds (a dict's or a list's entries,
-    a pydantic model's or a dataclass's fields: a message's), or the item itself, then
-    compared by ``==`` (str, int, tuple... and any other object). See the module's
-    docstring."""
-    kind = type(item)
-    if kind is dict or kind is list:
-        return kind, item.copy()
-    if isinstance(item, BaseModel) or (
-        dataclasses.is_dataclass(item) and hasattr(item, "__dict__")
-    ):
-        return kind, item.__dict__.copy()
-    return kind, item
+# What an item of a type holds, for comparing it with what it held when stored:
+_SAME = 0  # the item itself, compared by == (str, int, tuple... any other object)
+_ENTRIES = 1  # a dict's or a list's entries
+_FIELDS = 2  # a pydantic model's or a dataclass's fields (its __dict__): a message's
+_KINDS: dict[type, int] = {}
 
 
-def window_shift(old: Sequence[Any], new: Sequence[Any], max_shift: int) -> int | None:
-    """The ``d`` such that ``new`` starts with ``old[d:]`` (``old`` slid by ``d``, then
-    extended), for ``d <= max_shift`` with some overlap left; None if there is none.
-    Items are compared as :func:`fields_of` gives them (lists compared in C: identity
-    first, then equality); one that cannot be compared (a numpy array) matches nothing."""
-    old, new = list(old), list(new)
+def _kind(kind: type) -> int:
+    found = _KINDS.get(kind)
+    if found is None:
+        if kind is dict or kind is list:
+            found = _ENTRIES
+        elif issubclass(kind, BaseModel) or (
+            dataclasses.is_dataclass(kind) and not hasattr(kind, "__slots__")
+        ):
+            found = _FIELDS
+        else:
+            found = _SAME
+        _KINDS[kind] = found
+    return found
+
+
+def states_of(items: Sequence[Any], types: Sequence[type]) -> list[Any]:
+    """What each item holds now, not copied: a dict or list itself, a model's
+    ``__dict__``, or the item (see :func:`snapshot`)."""
+    kinds = {_kind(kind) for kind in set(types)}
+    if kinds == {_FIELDS}:  # a list of messages
+        return [item.__dict__ for item in items]
+    if _FIELDS not in kinds:
+        return list(items)
+    return [item.__dict__ if _kind(type(item)) == _FIELDS else item for item in items]
+
+
+def snapshot(state: Any, kind: type) -> Any:
+    """A shallow copy of a state from :func:`states_of`, kept to compare with later."""
+    return state if _kind(kind) == _SAME else state.copy()
+
+
+def window_shift(
+    old_types: Sequence[type],
+    old_states: Sequence[Any],
+    new_types: Sequence[type],
+    new_states: Sequence[Any],
+    max_shift: int,
+) -> int | None:
+    """The ``d`` such that the new items start with the old ones from ``d`` on (the old
+    list slid by ``d``, then extended), for ``d <= max_shift`` with some overlap left;
+    None if there is none. Items match if their types are the same and their states
+    (:func:`states_of`; kept as :func:`snapshot` for the old list) are equal: lists
+    compared in C, identity first. One that cannot be compared (a numpy array) matches
+    nothing."""
+    old_types, old_states = list(old_types), list(old_states)
+    new_types, new_states = list(new_types), list(new_states)
     try:
-        for d in range(min(max_shift, len(old) - 1) + 1):
-            overlap = len(old) - d
-            if overlap <= len(new) and old[d] == new[0] and old[d:] == new[:overlap]:
+        for d in range(min(max_shift, len(old_types) - 1) + 1):
+            n = len(old_types) - d
+            if (
+                n <= len(new_types)
+                and old_types[d] is new_types[0]
+                and old_states[d] == new_states[0]
+                and old_types[d:] == new_types[:n]
+                and old_states[d:] == new_states[:n]
+            ):
                 return d
     except Exception:  # an ambiguous comparison (arrays): store the list whole
         return None
@@ -150,26 +189,29 @@ class ListDeltas:
         with self._lock:
             latest = self._latest.get(key)
             clears = self._clears
-        items = [fields_of(item) for item in value]
+        types = list(map(type, value))
+        states = states_of(value, types)
+        kept: list[Any] = []  # snapshots of the items kept from the latest version
         chain: tuple[str, ...] = ()
         delta = None
-        if (
-            latest is not None
-            and latest.version != version
-            and len(latest.chain) < self.snapshot_every
-        ):
-            shift = window_shift(latest.items, items, self.max_shift)
+        if latest is not None and latest.version != version:
+            shift = window_shift(latest.types, latest.states, types, states, self.max_shift)
             if shift is not None:
-                tail = value[len(latest.items) - shift :]
-                if len(tail) <= max(self.snapshot_every, len(value) // 4):
+                kept = latest.states[shift:]  # equal to what those items hold now
+                tail = value[len(kept) :]
+                if len(latest.chain) < self.snapshot_every and len(tail) <= max(
+                    self.snapshot_every, len(value) // 4
+                ):
                     chain = (*latest.chain, latest.version)
                     delta = Delta(latest.version, shift, list(tail), chain)
+        # Copied now: the graph may change the items in place once this put returns.
+        snapshots = kept + [snapshot(states[i], types[i]) for i in range(len(kept), len(value))]
 
         def remember() -> None:
             with self._lock:
                 if self._clears != clears:
                     return  # a thread was deleted or pruned meanwhile
-                self._latest[key] = _Latest(version, items, chain)
+                self._latest[key] = _Latest(version, types, snapshots, chain)
                 self._latest.move_to_end(key)
                 while len(self._latest) > self.size:
                     self._latest.popitem(last=False)
