@@ -413,6 +413,90 @@ async def test_resuming_parallel_interrupts_one_by_one_counts_each_resume(
 
 
 @parametrize_kinds
+async def test_a_partial_resume_that_leaves_a_node_paused_reads_interrupted(
+    kind: str, saver: Any
+) -> None:
+    """x and y pause in one step; x alone is resumed (by its interrupt's id), and y,
+    run again, pauses again while x finishes: one new attempt, which pauses. (y pausing
+    again was taken for a restart, then x's resume for another, and the run read
+    "running" while the graph waited.)"""
+
+    def slow_x(state: Joined) -> Joined:
+        answer = interrupt("x")
+        time.sleep(0.2)  # y pauses again meanwhile
+        return {"log": [f"x={answer}"]}
+
+    builder = StateGraph(Joined)
+    builder.add_node("x", slow_x)
+    builder.add_node("y", lambda state: {"log": [f"y={interrupt('y')}"]})
+    builder.add_edge(START, "x")
+    builder.add_edge(START, "y")
+    builder.add_edge("x", END)
+    builder.add_edge("y", END)
+    graph = builder.compile(checkpointer=saver)
+
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    state = await call(graph, "get_state", kind, config("t1"))
+    (x,) = [i for i in state.interrupts if i.value == "x"]
+    await call(graph, "invoke", kind, Command(resume={x.id: "ok"}), config("t1"), **SYNC)
+    state = await call(graph, "get_state", kind, config("t1"))
+    assert state.next == ("y",)
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("interrupted", 2)
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("fails", [False, True], ids=["replays", "fails-on-replay"])
+async def test_running_again_from_an_earlier_checkpoint_is_a_new_attempt(
+    kind: str, saver: Any, fails: bool
+) -> None:
+    """invoke(None, <an earlier checkpoint>): LangGraph writes a "fork" checkpoint of its
+    own and runs on from there. (It was taken for an edit from outside: no new start, and
+    a failure was booked on the attempt that had succeeded.)"""
+    fail = [False]
+
+    def second(state: Log) -> Log:
+        if fail[0]:
+            raise RuntimeError("b broke on replay")
+        return {"log": [*state.get("log", []), "b"]}
+
+    builder = StateGraph(Log)
+    builder.add_node("a", lambda state: {"log": ["a"]})
+    builder.add_node("b", second)
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", END)
+    graph = builder.compile(checkpointer=saver)
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    history = await collect_history(graph, kind, config("t1"))
+    after_a = next(h for h in history if h.next == ("b",))
+    fail[0] = fails
+    if fails:
+        with pytest.raises(RuntimeError, match="broke"):
+            await call(graph, "invoke", kind, None, after_a.config, **SYNC)
+    else:
+        await call(graph, "invoke", kind, None, after_a.config, **SYNC)
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("failed" if fails else "succeeded", 2)
+    events = await call(saver.journal, "events", kind, "t1")
+    assert run_events(events) == [
+        ("start", None),
+        ("end", "succeeded"),
+        ("start", None),
+        ("error", "failed") if fails else ("end", "succeeded"),
+    ]
+    steps = [(e.kind, e.phase, e.name) for e in events]
+    restart = len(steps) - 1 - steps[::-1].index(("run", "start", None))
+    assert ("node", "error" if fails else "end", "b") in steps[restart:]  # in the new attempt
+
+
+async def collect_history(graph: Any, kind: str, cfg: Any) -> list[Any]:
+    if is_async(kind):
+        return [h async for h in graph.aget_state_history(cfg)]
+    return list(graph.get_state_history(cfg))
+
+
+@parametrize_kinds
 async def test_update_state_leaves_the_run_as_it_was(kind: str, saver: Any) -> None:
     def ask(state: Log) -> Log:
         return {"log": [interrupt("approve?")]}

@@ -4,12 +4,13 @@ validation would change something."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import ormsgpack
 import pytest
@@ -505,3 +506,46 @@ def test_corrupt_compressed_rows_and_unknown_compressions_are_named() -> None:
         Codec().decode("msgpack#z", b"garbage")
     with pytest.raises(ValueError, match="compression must be 'zlib' or 'zstd', not 'lz4'"):
         Codec(compression="lz4")
+
+
+# --------------------------------------------------------------------------- kept tuples
+
+
+@dataclasses.dataclass
+class Receipt:
+    id: str
+    lines: tuple[int, ...]
+
+
+class Pair(NamedTuple):
+    a: int
+    b: str
+
+
+def test_kept_tuples_come_back_as_tuples_and_everything_else_as_before() -> None:
+    """The journal's recorded results keep their tuples (keep_tuples); an allowlisted
+    dataclass or NamedTuple inside is still LangGraph's (it replayed as None when its
+    fields were packed with tuples kept: LangGraph's reader knows no tuple extension)."""
+    serde = SafeSerializer(allowed_types=[Receipt, Pair])
+
+    def again(value: Any) -> Any:
+        return serde.loads_typed(serde.dumps_typed(value, keep_tuples=True))
+
+    pair = ("found", {"hits": (1, (2, "3"))})
+    assert again(pair) == pair and type(again(pair)) is tuple
+    assert type(again(pair)[1]["hits"][1]) is tuple
+    assert again([("a", 1)]) == [("a", 1)] and type(again([("a", 1)])[0]) is tuple
+    assert again(Pair(1, "x")) == Pair(1, "x") and type(again(Pair(1, "x"))) is Pair
+    # Inside LangGraph's own types a tuple is a list, as in every checkpoint value.
+    receipt = again({"r": Receipt("r-1", (1, 2)), "t": (3,)})
+    assert receipt == {"r": Receipt("r-1", [1, 2]), "t": (3,)}  # type: ignore[arg-type]
+
+
+def test_a_value_with_kept_tuples_is_tagged_apart() -> None:
+    serde = SafeSerializer()
+    assert serde.dumps_typed({"k": [1]}, keep_tuples=True)[0] == "msgpack"
+    tag, data = serde.dumps_typed({"k": (1,)}, keep_tuples=True)
+    assert tag == "msgpack-tuples"
+    # A reader that does not know the tag refuses it, rather than read the tuple as None.
+    with pytest.raises(Exception, match="msgpack-tuples"):
+        JsonPlusSerializer().loads_typed((tag, data))

@@ -64,8 +64,10 @@ _NONCE_BYTES = 12
 # one call. A chat's ``messages`` channel is such a list; it reads ~20% and writes ~2.5x
 # faster this way (docs/savers.md, "Storage").
 MESSAGE_LIST = "msgpack-messages"
-# msgpack extension code of a tuple (the items as an array), in the journal's values.
-# LangGraph's own codes are small numbers from 0.
+# Type tag of a msgpack payload holding tuples, kept as msgpack extension _EXT_TUPLE (the
+# items as an array): the journal's recorded results, which a replay must give back as
+# they were. LangGraph's own extension codes are small numbers from 0.
+TUPLES = "msgpack-tuples"
 _EXT_TUPLE = 64
 
 
@@ -97,6 +99,11 @@ class SafeSerializer(JsonPlusSerializer):
         option = _EXACT_TEXT_OPTION if exact_text else _jp._option
         if keep_tuples:
             option |= ormsgpack.OPT_PASSTHROUGH_TUPLE
+            tuples: list[bool] = []
+            data = self._pack(obj, refused, option, tuples)
+            # Tagged apart only when a tuple was kept: a reader that does not know the
+            # tag refuses the row, where LangGraph's reader would read the tuple as None.
+            return (TUPLES if tuples else "msgpack"), data
         try:
             if type(obj) is list and obj and _all_messages(obj):
                 # The fields are packed as LangGraph packs a message's (its own default,
@@ -120,28 +127,41 @@ class SafeSerializer(JsonPlusSerializer):
             )
         if type_ == MESSAGE_LIST:
             return loads_message_list(data[1], self._ext_hook())
+        if type_ == TUPLES:
+            return ormsgpack.unpackb(
+                data[1], ext_hook=self._ext_hook(tuples=True), option=ormsgpack.OPT_NON_STR_KEYS
+            )
         if type_ not in ("null", "bytes", "bytearray", "json"):
             # "pickle" lands here too: stored pickles are never executed.
             raise CorruptDataError(f"unknown serialization type tag {type_!r}")
         return super().loads_typed(data)
 
-    _fast_hook: tuple[Any, Any] | None = None
+    _fast_hook: tuple[Any, Any, Any] | None = None
 
-    def _ext_hook(self) -> Any:
+    def _ext_hook(self, *, tuples: bool = False) -> Any:
         """LangGraph's ext hook (it may be replaced, see ``with_msgpack_allowlist``),
-        with LangChain messages rebuilt by :func:`_revive_message` where it can."""
+        with LangChain messages rebuilt by :func:`_revive_message` where it can, and
+        with ``tuples`` the tuples of a :data:`TUPLES` payload."""
         slow = self._unpack_ext_hook
         if self._fast_hook is not None and self._fast_hook[0] is slow:
-            return self._fast_hook[1]
+            return self._fast_hook[2 if tuples else 1]
 
         pydantic = _jp.EXT_PYDANTIC_V2
 
         def hook(code: int, payload: bytes) -> Any:
+            return plain(code, payload)
+
+        def tuple_hook(code: int, payload: bytes) -> Any:
             if code == _EXT_TUPLE:
-                items = ormsgpack.unpackb(payload, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)
+                items = ormsgpack.unpackb(
+                    payload, ext_hook=tuple_hook, option=ormsgpack.OPT_NON_STR_KEYS
+                )
                 if type(items) is not list:
                     raise CorruptDataError("a stored tuple is not an array")
                 return tuple(items)
+            return plain(code, payload)
+
+        def plain(code: int, payload: bytes) -> Any:
             # Only what names a message class is decoded here; anything else (and a
             # message that will not decode) goes to LangGraph's hook untouched.
             if code == pydantic and _names_a_message(payload):
@@ -156,18 +176,33 @@ class SafeSerializer(JsonPlusSerializer):
                     return message
             return slow(code, payload)
 
-        self._fast_hook = (slow, hook)
-        return hook
+        self._fast_hook = (slow, hook, tuple_hook)
+        return tuple_hook if tuples else hook
 
-    def _pack(self, obj: Any, refused: list[UnsafeTypeError], option: int) -> bytes:
+    def _pack(
+        self,
+        obj: Any,
+        refused: list[UnsafeTypeError],
+        option: int,
+        tuples: list[bool] | None = None,
+    ) -> bytes:
         def default(value: Any) -> Any:
-            return self._default(value, refused, option)
+            return self._default(value, refused, option, tuples)
 
         return ormsgpack.packb(obj, default=default, option=option)
 
-    def _default(self, obj: Any, refused: list[UnsafeTypeError], option: int) -> Any:
-        if type(obj) is tuple:  # only with keep_tuples: msgpack packs them as arrays
-            return ormsgpack.Ext(_EXT_TUPLE, self._pack(list(obj), refused, option))
+    def _default(
+        self,
+        obj: Any,
+        refused: list[UnsafeTypeError],
+        option: int,
+        tuples: list[bool] | None = None,
+    ) -> Any:
+        if type(obj) is tuple and tuples is not None:  # keep_tuples: see dumps_typed
+            tuples.append(True)
+            return ormsgpack.Ext(_EXT_TUPLE, self._pack(list(obj), refused, option, tuples))
+        # What follows is read back by LangGraph's own hook, which knows no tuples.
+        option &= ~ormsgpack.OPT_PASSTHROUGH_TUPLE
         try:
             self._check_allowed(obj)
         except UnsafeTypeError as exc:

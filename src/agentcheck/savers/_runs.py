@@ -33,11 +33,15 @@ def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | 
     return None
 
 
-# Checkpoints written from outside the graph (update_state, and its forks).
-OUTSIDE_EDITS = ("update", "fork")
+# Checkpoints written from outside the graph: update_state. (LangGraph writes "fork"
+# checkpoints itself, to run again from an earlier one: a new attempt.)
+OUTSIDE_EDITS = ("update",)
 # The task path LangGraph gives the writes of update_state: ~__interrupt__, <index>.
 _UPDATE_PATH = "~__interrupt__"
 _JOIN = "join:"
+# The task id of writes that belong to no task: a Command's resume value for the whole
+# run (LangGraph's NULL_TASK_ID, which it does not export).
+NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
 
 
 def _triggers_a_node(values: Mapping[str, Any]) -> bool:
@@ -193,11 +197,13 @@ class RunJournal:
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
         if not stale and (
             status is None  # the first write this process sees for the thread
-            or RESUME in channels  # a resume value (Command(resume=...))
+            # A resume value for the whole run (Command(resume=value))...
+            or (task_id == NULL_TASK_ID and RESUME in channels)
+            # ...or a task that paused or failed the run runs again: resumed by its
+            # interrupt's id (its resume value comes with its writes), invoke(None)
+            # after an error. Not any task: one of several paused may pause again.
             or (checkpoint_id == at and task_id in self._stopped_by.get(thread_id, ()))
         ):
-            # The run goes on: resumed, or a task that paused or failed it runs again
-            # (invoke(None) after an error).
             status = yield from self._start_if_due(thread_id, checkpoint_id)
         if channels <= {RESUME}:
             return None
