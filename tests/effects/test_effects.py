@@ -467,6 +467,50 @@ async def test_update_state_while_paused_does_not_repeat_an_effect(
     assert phases(events) == ["start", "end", "replay"]
 
 
+class Looped(TypedDict, total=False):
+    out: Annotated[list[Any], operator.add]
+    n: int
+
+
+@parametrize_kinds
+async def test_a_new_run_of_a_node_after_update_state_as_that_node_makes_its_calls(
+    kind: str, saver: Any
+) -> None:
+    """update_state(as_node=<the paused node>) says the node is done: the node that runs
+    next (a loop back to it) is a new run, whose calls are new (it got the paused run's
+    keys, and its charge of 20 returned the recorded charge of 10 without running)."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    def after(n: int) -> Callable[[Any], dict[str, Any]]:
+        return lambda result: {"out": [result, interrupt(f"approve {n}?")], "n": n}
+
+    if is_async(kind):
+
+        async def step(state: Looped) -> dict[str, Any]:
+            n = state.get("n", 0) + 1
+            return after(n)(await charge(10 * n))
+
+    else:
+
+        def step(state: Looped) -> dict[str, Any]:  # type: ignore[misc]
+            n = state.get("n", 0) + 1
+            return after(n)(charge(10 * n))
+
+    builder = StateGraph(Looped)
+    builder.add_node("x", step)
+    builder.add_edge(START, "x")
+    builder.add_conditional_edges("x", lambda s: "x" if s.get("n", 0) < 2 else END, ["x", END])
+    graph = builder.compile(checkpointer=saver)
+    await call(graph, "invoke", kind, {"out": [], "n": 0}, config("t1"))
+    done = {"out": ["reviewed"], "n": 1}
+    await call(graph, "update_state", kind, config("t1"), done, as_node="x")
+    asked = await call(graph, "invoke", kind, None, config("t1"))
+
+    assert asked["__interrupt__"][0].value == "approve 2?"
+    assert calls == [10, 20]
+
+
 # --------------------------------------------------------------------------- 2. node retry
 
 

@@ -367,11 +367,11 @@ class SQL:
         "WHERE w.thread_id = k.column1 AND w.checkpoint_ns = k.column2 "
         "AND w.checkpoint_id = k.column3"
     )
-    # The tasks that paused at a checkpoint, and where they ran (see
-    # RunJournal._continued_task).
-    SELECT_PAUSED_TASKS = (
-        "SELECT task_id, task_path FROM agentcheck_writes WHERE thread_id = ? "
-        "AND checkpoint_ns = ? AND checkpoint_id = ? AND channel = ?"
+    # The writes of a checkpoint's tasks: which paused, where they ran, and which had an
+    # update written in their name (see SaverCore._continued_task).
+    SELECT_TASK_WRITES = (
+        "SELECT task_id, channel, task_path FROM agentcheck_writes WHERE thread_id = ? "
+        "AND checkpoint_ns = ? AND checkpoint_id = ?"
     )
     SELECT_WRITES_FOR_CHANNELS = (
         "SELECT checkpoint_id, task_id, channel, type, blob, task_path, idx "

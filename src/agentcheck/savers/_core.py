@@ -48,7 +48,7 @@ from agentcheck._errors import CorruptDataError
 from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
-from agentcheck.savers._runs import OUTSIDE_EDITS, RunJournal, node_name
+from agentcheck.savers._runs import OUTSIDE_EDITS, UPDATE_PATH, RunJournal, node_name
 from agentcheck.savers._terms import metadata_terms
 from agentcheck.serde import (
     MESSAGE_LIST,
@@ -490,13 +490,23 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             if found.parent_config is None:
                 return None
             checkpoint_id = found.parent_config["configurable"]["checkpoint_id"]
-            params = (thread_id, ns, checkpoint_id, INTERRUPT)
-            rows = yield Query(self.sql.SELECT_PAUSED_TASKS, params, fetch=True)
-            paused = {str(task_id) for task_id, path in rows if node_name(path) == node}
+            params = (thread_id, ns, checkpoint_id)
+            rows = yield Query(self.sql.SELECT_TASK_WRITES, params, fetch=True)
+            paused = {
+                str(task_id)
+                for task_id, channel, path in rows
+                if channel == INTERRUPT and node_name(path) == node
+            }
+            # update_state(as_node=<the paused node>) writes in the paused task's name:
+            # the node is done, and what runs next is a new run of it, not this one.
+            updated = {str(task_id) for task_id, _, path in rows if path.startswith(UPDATE_PATH)}
+            if paused & updated:
+                return None
             if len(paused) == 1:
                 return paused.pop()
             if paused:
                 return None  # several of that node paused there: which one is unclear
+            # None paused here: an update of an update; look further back.
         return None
 
     def _get_tuple(self, config: RunnableConfig) -> Operation[CheckpointTuple | None]:

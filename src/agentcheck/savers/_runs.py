@@ -17,7 +17,7 @@ from agentcheck import _task_names as task_names
 from agentcheck.backends.base import OnCommit, Operation
 from agentcheck.journal import EventSpec, JournalOps
 
-__all__ = ["OUTSIDE_EDITS", "RunJournal", "node_name"]
+__all__ = ["OUTSIDE_EDITS", "UPDATE_PATH", "RunJournal", "node_name"]
 
 
 def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | None:
@@ -37,7 +37,7 @@ def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | 
 # checkpoints itself, to run again from an earlier one: a new attempt.)
 OUTSIDE_EDITS = ("update",)
 # The task path LangGraph gives the writes of update_state: ~__interrupt__, <index>.
-_UPDATE_PATH = "~__interrupt__"
+UPDATE_PATH = "~__interrupt__"
 _JOIN = "join:"
 # The task id of writes that belong to no task: a Command's resume value for the whole
 # run (LangGraph's NULL_TASK_ID, which it does not export).
@@ -183,7 +183,7 @@ class RunJournal:
         """A task's writes: it ended, failed or paused for an interrupt."""
         channels = {channel for channel, _ in writes}
         status, at = self._run_status.get(thread_id, (None, None))
-        if task_path.startswith(_UPDATE_PATH):
+        if task_path.startswith(UPDATE_PATH):
             # Writes of update_state (or of a Command's update from outside): recorded,
             # and the run's status is left to the checkpoint that follows them.
             kind = "task" if ns else "node"
