@@ -45,6 +45,7 @@ __all__ = [
     "effect_scope",
     "idempotency_key_for",
     "idempotent",
+    "note_interrupt",
     "register_resolver",
     "side_effect",
 ]
@@ -109,9 +110,8 @@ class CallContext:
         ask: asks a human and returns the answer (LangGraph: ``interrupt``).
         framework: when set, the journal run is started (as this framework's) before
             the first call this process makes in it.
-        interrupts_made: how many times the caller has asked a human so far in this
-            attempt (LangGraph: its task's ``interrupt()`` calls), None if unknown. A
-            call records how many it made itself.
+        count_interrupts: makes the framework report each time the code running in
+            this context asks a human (see :func:`note_interrupt`); False if it cannot.
         skip_interrupts: passes over that many: a replayed call asks nothing, and the
             framework matches answers to questions by their order (LangGraph).
         resolve_prefix: a journal operation giving the key prefix to use instead of
@@ -127,15 +127,10 @@ class CallContext:
     counters: dict[str, int] = field(default_factory=dict)
     ask: Callable[[Any], Any] | None = None
     framework: str | None = None
-    interrupts_made: Callable[[], int | None] | None = None
+    count_interrupts: Callable[[], bool] | None = None
     skip_interrupts: Callable[[int], None] | None = None
     resolve_prefix: Callable[[], Any] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def asked(self, since: int | None) -> int:
-        """How many times the caller asked a human since ``since`` (0 if unknown)."""
-        now = self.interrupts_made() if self.interrupts_made is not None else None
-        return now - since if now is not None and since is not None else 0
 
     def next_key(self, kind: str, name: str) -> str:
         """The step key of the next call of ``name`` here: by call id, else by ordinal."""
@@ -281,6 +276,20 @@ class EffectSpec:
     log_args: bool = True
 
 
+# The times the wrapped call running in this context (its thread, its asyncio task) has
+# asked a human: counted by the framework (note_interrupt), so that a call counts its own
+# questions and not those of a sibling running beside it in the same task.
+_asked: ContextVar[list[int] | None] = ContextVar("agentcheck_asked", default=None)
+
+
+def note_interrupt() -> None:
+    """Count one question asked by the wrapped call running in this context (called by
+    a framework adapter each time its code asks a human: LangGraph's ``interrupt()``)."""
+    tally = _asked.get()
+    if tally is not None:
+        tally[0] += 1
+
+
 def protocol(
     spec: EffectSpec, ctx: CallContext, args: Any
 ) -> Generator[Action, Any, tuple[Any, str]]:
@@ -288,9 +297,30 @@ def protocol(
 
     Returns ``(result, idempotency_key)``. The driver performs ``_CALL`` by running the
     wrapped function (and throws its exception back in).
+
+    The questions asked while it runs (its own, or the ``ask`` policy's) are counted in
+    the driver's context, where the call runs; a call made inside another one adds its
+    count to the outer one's.
     """
+    counted = ctx.count_interrupts() if ctx.count_interrupts is not None else False
+    tally = [0]
+    outer = _asked.get()
+    token = _asked.set(tally)
+    try:
+        return (yield from _protocol(spec, ctx, args, tally if counted else None))
+    finally:
+        try:
+            _asked.reset(token)
+        except ValueError:  # closed from another context: the value dies with it
+            pass
+        if outer is not None:
+            outer[0] += tally[0]
+
+
+def _protocol(
+    spec: EffectSpec, ctx: CallContext, args: Any, asked: list[int] | None
+) -> Generator[Action, Any, tuple[Any, str]]:
     ops = ctx.journal.ops
-    asked_before = ctx.interrupts_made() if ctx.interrupts_made is not None else None
     if ctx.resolve_prefix is not None:
         ctx.key_prefix = yield _Db(ctx.resolve_prefix)
         ctx.resolve_prefix = None
@@ -372,7 +402,7 @@ def protocol(
                         owner=owner,
                         result=found,
                         event=event("end", name=f"{spec.name} (reconciled)", payload=found),
-                        interrupts=ctx.asked(asked_before),
+                        interrupts=asked[0] if asked else 0,
                     )
                 )
                 return found, key
@@ -407,7 +437,7 @@ def protocol(
                         event=event(
                             "end", name=f"{spec.name} ({action} by a human)", payload=value
                         ),
-                        interrupts=ctx.asked(asked_before),
+                        interrupts=asked[0] if asked else 0,
                     )
                 )
                 return value, key
@@ -439,10 +469,10 @@ def protocol(
             raise
         tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
         end = event("end", payload=result, input_tokens=tokens_in, output_tokens=tokens_out)
-        asked = ctx.asked(asked_before)
+        questions = asked[0] if asked else 0
         yield _Db(
             lambda: ops.complete(
-                ctx.scope, step_key, owner=owner, result=result, event=end, interrupts=asked
+                ctx.scope, step_key, owner=owner, result=result, event=end, interrupts=questions
             )
         )
         return result, key

@@ -467,6 +467,71 @@ async def test_update_state_while_paused_does_not_repeat_an_effect(
     assert phases(events) == ["start", "end", "replay"]
 
 
+@parametrize_kinds
+async def test_a_call_counts_only_its_own_questions_not_a_sibling_tools(
+    kind: str, saver: Any
+) -> None:
+    """Two tool calls of one ToolNode step run side by side: a slow charge that asks
+    nothing, and an approval that asks while the charge runs. The charge recorded the
+    approval's question as its own, its replay passed over it, and the resume failed
+    inside LangGraph's interrupt()."""
+    calls: list[int] = []
+
+    if is_async(kind):
+
+        @tool
+        @side_effect
+        async def charge(amount: int) -> str:
+            """Charge the card."""
+            calls.append(amount)
+            await asyncio.sleep(0.3)
+            return f"charged {amount}"
+
+        @tool
+        async def approve(what: str) -> str:
+            """Ask a human."""
+            await asyncio.sleep(0.1)
+            return f"approved={interrupt(f'approve {what}?')}"
+
+    else:
+
+        @tool
+        @side_effect
+        def charge(amount: int) -> str:  # type: ignore[misc]
+            """Charge the card."""
+            calls.append(amount)
+            time.sleep(0.3)
+            return f"charged {amount}"
+
+        @tool
+        def approve(what: str) -> str:  # type: ignore[misc]
+            """Ask a human."""
+            time.sleep(0.1)
+            return f"approved={interrupt(f'approve {what}?')}"
+
+    asking = tool_call_message(
+        ("charge", {"amount": 5}, "call_a"), ("approve", {"what": "order"}, "call_b")
+    )
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [asking]})
+    builder.add_node("tools", ToolNode([charge, approve], handle_tool_errors=False))
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "tools")
+    builder.add_edge("tools", END)
+    graph = builder.compile(checkpointer=saver)
+
+    paused = await call(graph, "invoke", kind, {"messages": []}, config("t1"))
+    assert [i.value for i in paused["__interrupt__"]] == ["approve order?"]
+    # (An async node stops at the interrupt while the charge still runs: the resume
+    # waits for it, see test_a_retried_tool_node_waits_for_a_sibling_still_running.)
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+    answers = [m.content for m in final["messages"] if isinstance(m, ToolMessage)]
+    assert answers == ["charged 5", "approved=yes"]
+    assert calls == [5]
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.interrupts) == ("completed", 0)
+
+
 class Looped(TypedDict, total=False):
     out: Annotated[list[Any], operator.add]
     n: int

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from contextvars import ContextVar
 from functools import partial
 from typing import Any
@@ -44,6 +43,7 @@ from agentcheck.effects import (
     attempt_counters,
     drive_async,
     drive_sync,
+    note_interrupt,
     protocol,
     register_resolver,
     resolve_context,
@@ -172,7 +172,7 @@ def langgraph_context() -> CallContext | None:
         counters=counters,
         ask=interrupt,
         framework="langgraph",
-        interrupts_made=lambda: _interrupts_made(scratchpad),
+        count_interrupts=lambda: _count_interrupts(scratchpad),
         skip_interrupts=lambda n: _skip_interrupts(scratchpad, n),
     )
 
@@ -213,23 +213,43 @@ def _continued_prefix(
     return prefix
 
 
-_COUNT = re.compile(r"count\((\d+)\)")
+class _Counting:
+    """LangGraph's count of a task's interrupt() calls, which also tells agentcheck of
+    each (effects.note_interrupt): a wrapped call counts the questions asked in its own
+    context, not those of a tool running beside it."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Callable[[], int]) -> None:
+        self.inner = inner
+
+    def __call__(self) -> int:
+        n = self.inner()
+        note_interrupt()
+        return n
 
 
-def _interrupts_made(scratchpad: Any) -> int | None:
-    """How many interrupt() calls the task attempt has made: LangGraph numbers them with
-    a lazily made ``itertools.count`` (``scratchpad.interrupt_counter``), read here
-    without moving it. None if its shape is not that (another LangGraph version)."""
+_counting_lock = threading.Lock()
+
+
+def _count_interrupts(scratchpad: Any) -> bool:
+    """Have the task attempt's interrupt() calls counted (see :class:`_Counting`): its
+    ``interrupt_counter`` is LangGraph's ``LazyAtomicCounter``, whose ``_counter`` is the
+    ``next`` of an ``itertools.count``, made on first use. False if it is not that shape
+    (another LangGraph version): questions are then not counted."""
     counter = getattr(scratchpad, "interrupt_counter", None)
-    inner = getattr(counter, "_counter", _NO_COUNTER)
-    if inner is None:
-        return 0  # no interrupt() yet: the count is made on first use
-    count = getattr(inner, "__self__", None)
-    match = _COUNT.fullmatch(repr(count)) if isinstance(count, itertools.count) else None
-    return int(match.group(1)) if match else None
-
-
-_NO_COUNTER = object()
+    if counter is None or not hasattr(type(counter), "_counter"):
+        return False
+    with _counting_lock:
+        inner = counter._counter
+        if isinstance(inner, _Counting):
+            return True
+        if inner is None:
+            inner = itertools.count(0).__next__
+        elif not callable(inner):
+            return False
+        counter._counter = _Counting(inner)
+    return True
 
 
 def _skip_interrupts(scratchpad: Any, n: int) -> None:
