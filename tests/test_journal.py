@@ -497,6 +497,25 @@ async def collect_history(graph: Any, kind: str, cfg: Any) -> list[Any]:
 
 
 @parametrize_kinds
+async def test_a_copy_made_by_update_state_leaves_the_run_as_it_was(kind: str, saver: Any) -> None:
+    """update_state(as_node="__copy__") writes a "fork" checkpoint with no new values:
+    an edit from outside, not LangGraph running again from an earlier checkpoint."""
+
+    def ask(state: Log) -> Log:
+        return {"log": [interrupt("approve?")]}
+
+    graph = one_node_graph(saver, ask)
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    await call(graph, "update_state", kind, config("t1"), None, as_node="__copy__")
+    paused = await call(saver.journal, "get_run", kind, "t1")
+    assert (paused.status, paused.attempt) == ("interrupted", 1)
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **SYNC)
+    await call(graph, "update_state", kind, config("t1"), None, as_node="__copy__")
+    done = await call(saver.journal, "get_run", kind, "t1")
+    assert (done.status, done.attempt) == ("succeeded", 2)
+
+
+@parametrize_kinds
 async def test_update_state_leaves_the_run_as_it_was(kind: str, saver: Any) -> None:
     def ask(state: Log) -> Log:
         return {"log": [interrupt("approve?")]}

@@ -549,3 +549,9 @@ def test_a_value_with_kept_tuples_is_tagged_apart() -> None:
     # A reader that does not know the tag refuses it, rather than read the tuple as None.
     with pytest.raises(Exception, match="msgpack-tuples"):
         JsonPlusSerializer().loads_typed((tag, data))
+
+
+def test_a_tuple_stored_under_the_plain_tag_still_reads_as_a_tuple() -> None:
+    """Journals written by the build that kept tuples before the tag existed."""
+    data = ormsgpack.packb(ormsgpack.Ext(64, ormsgpack.packb(["a", 1])))
+    assert SafeSerializer().loads_typed(("msgpack", data)) == ("a", 1)

@@ -121,47 +121,35 @@ class SafeSerializer(JsonPlusSerializer):
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         type_ = data[0]
-        if type_ == "msgpack":
+        if type_ == "msgpack" or type_ == TUPLES:
             return ormsgpack.unpackb(
                 data[1], ext_hook=self._ext_hook(), option=ormsgpack.OPT_NON_STR_KEYS
             )
         if type_ == MESSAGE_LIST:
             return loads_message_list(data[1], self._ext_hook())
-        if type_ == TUPLES:
-            return ormsgpack.unpackb(
-                data[1], ext_hook=self._ext_hook(tuples=True), option=ormsgpack.OPT_NON_STR_KEYS
-            )
         if type_ not in ("null", "bytes", "bytearray", "json"):
             # "pickle" lands here too: stored pickles are never executed.
             raise CorruptDataError(f"unknown serialization type tag {type_!r}")
         return super().loads_typed(data)
 
-    _fast_hook: tuple[Any, Any, Any] | None = None
+    _fast_hook: tuple[Any, Any] | None = None
 
-    def _ext_hook(self, *, tuples: bool = False) -> Any:
+    def _ext_hook(self) -> Any:
         """LangGraph's ext hook (it may be replaced, see ``with_msgpack_allowlist``),
-        with LangChain messages rebuilt by :func:`_revive_message` where it can, and
-        with ``tuples`` the tuples of a :data:`TUPLES` payload."""
+        with LangChain messages rebuilt by :func:`_revive_message` where it can, and the
+        tuples of a :data:`TUPLES` payload."""
         slow = self._unpack_ext_hook
         if self._fast_hook is not None and self._fast_hook[0] is slow:
-            return self._fast_hook[2 if tuples else 1]
+            return self._fast_hook[1]
 
         pydantic = _jp.EXT_PYDANTIC_V2
 
         def hook(code: int, payload: bytes) -> Any:
-            return plain(code, payload)
-
-        def tuple_hook(code: int, payload: bytes) -> Any:
             if code == _EXT_TUPLE:
-                items = ormsgpack.unpackb(
-                    payload, ext_hook=tuple_hook, option=ormsgpack.OPT_NON_STR_KEYS
-                )
+                items = ormsgpack.unpackb(payload, ext_hook=hook, option=ormsgpack.OPT_NON_STR_KEYS)
                 if type(items) is not list:
                     raise CorruptDataError("a stored tuple is not an array")
                 return tuple(items)
-            return plain(code, payload)
-
-        def plain(code: int, payload: bytes) -> Any:
             # Only what names a message class is decoded here; anything else (and a
             # message that will not decode) goes to LangGraph's hook untouched.
             if code == pydantic and _names_a_message(payload):
@@ -176,8 +164,8 @@ class SafeSerializer(JsonPlusSerializer):
                     return message
             return slow(code, payload)
 
-        self._fast_hook = (slow, hook, tuple_hook)
-        return tuple_hook if tuples else hook
+        self._fast_hook = (slow, hook)
+        return hook
 
     def _pack(
         self,

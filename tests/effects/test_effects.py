@@ -538,8 +538,9 @@ class Looped(TypedDict, total=False):
 
 
 @parametrize_kinds
+@pytest.mark.parametrize("updates", [("x",), ("y", "x")], ids=["as-x", "as-y-then-x"])
 async def test_a_new_run_of_a_node_after_update_state_as_that_node_makes_its_calls(
-    kind: str, saver: Any
+    kind: str, saver: Any, updates: tuple[str, ...]
 ) -> None:
     """update_state(as_node=<the paused node>) says the node is done: the node that runs
     next (a loop back to it) is a new run, whose calls are new (it got the paused run's
@@ -564,12 +565,15 @@ async def test_a_new_run_of_a_node_after_update_state_as_that_node_makes_its_cal
 
     builder = StateGraph(Looped)
     builder.add_node("x", step)
+    builder.add_node("y", lambda state: {})
     builder.add_edge(START, "x")
     builder.add_conditional_edges("x", lambda s: "x" if s.get("n", 0) < 2 else END, ["x", END])
+    builder.add_edge("y", END)
     graph = builder.compile(checkpointer=saver)
     await call(graph, "invoke", kind, {"out": [], "n": 0}, config("t1"))
     done = {"out": ["reviewed"], "n": 1}
-    await call(graph, "update_state", kind, config("t1"), done, as_node="x")
+    for node in updates:  # as y: x is not pending any more; then as x: x runs anew
+        await call(graph, "update_state", kind, config("t1"), done, as_node=node)
     asked = await call(graph, "invoke", kind, None, config("t1"))
 
     assert asked["__interrupt__"][0].value == "approve 2?"

@@ -4,9 +4,10 @@ runs, and with encryption."""
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import uuid
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, Generic, TypedDict, TypeVar
 
 import ormsgpack
 import pytest
@@ -107,6 +108,15 @@ def test_window_shift_of_items_that_cannot_be_compared_is_none() -> None:
     assert shift([Uncomparable() for _ in range(3)], [Uncomparable() for _ in range(4)], 2) is None
 
 
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class Task(Generic[T]):
+    n: int
+    done: bool = False
+
+
 @pytest.mark.parametrize(
     ("before", "after"),
     [
@@ -114,6 +124,9 @@ def test_window_shift_of_items_that_cannot_be_compared_is_none() -> None:
         ("todos", "todos[0] done"),
         # a message's content changed in place, the same object handed back
         ("messages", "last message redacted"),
+        # a dataclass's field changed in place (its class inherits __slots__ = () from
+        # Generic, its instances still have a __dict__)
+        ("tasks", "tasks[0] done"),
         # equal values of other types: 1 == 1.0 == True
         ("ints", "floats"),
         ("floats", "bools"),
@@ -124,12 +137,14 @@ def test_an_item_changed_in_place_or_equal_but_not_the_same_is_no_delta(
 ) -> None:
     todos = [{"n": i, "done": False} for i in range(10)]
     messages = [HumanMessage(f"draft {i}", id=f"m{i}") for i in range(10)]
+    tasks = [Task(n=i) for i in range(10)]
     lists: dict[str, Any] = {
         "todos": todos,
         "messages": messages,
         "ints": [1] * 10,
         "floats": [1.0] * 10,
         "bools": [True] * 10,
+        "tasks": tasks,
     }
     deltas = ListDeltas()
     key = ("t", "", "items")
@@ -139,6 +154,9 @@ def test_an_item_changed_in_place_or_equal_but_not_the_same_is_no_delta(
     if after == "todos[0] done":
         todos[0]["done"] = True
         new = todos
+    elif after == "tasks[0] done":
+        tasks[0].done = True
+        new = tasks
     elif after == "last message redacted":
         messages[-1].content = "REDACTED"
         new = messages

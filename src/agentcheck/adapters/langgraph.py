@@ -229,7 +229,17 @@ class _Counting:
         return n
 
 
-_counting_lock = threading.Lock()
+def _counter_lock() -> Any:
+    """The lock under which LangGraph makes a counter on first use, so that a tool's
+    first interrupt() at the same moment cannot replace the hook (ours if it moved)."""
+    try:
+        from langgraph.pregel import _algo
+    except ImportError:  # pragma: no cover - another LangGraph layout
+        return _own_lock
+    return getattr(_algo, "LAZY_ATOMIC_COUNTER_LOCK", _own_lock)
+
+
+_own_lock = threading.Lock()
 
 
 def _count_interrupts(scratchpad: Any) -> bool:
@@ -240,7 +250,7 @@ def _count_interrupts(scratchpad: Any) -> bool:
     counter = getattr(scratchpad, "interrupt_counter", None)
     if counter is None or not hasattr(type(counter), "_counter"):
         return False
-    with _counting_lock:
+    with _counter_lock():
         inner = counter._counter
         if isinstance(inner, _Counting):
             return True

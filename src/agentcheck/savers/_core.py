@@ -48,7 +48,7 @@ from agentcheck._errors import CorruptDataError
 from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
-from agentcheck.savers._runs import OUTSIDE_EDITS, UPDATE_PATH, RunJournal, node_name
+from agentcheck.savers._runs import OUTSIDE_EDITS, UPDATE_PATH, RunJournal, node_name, triggers
 from agentcheck.savers._terms import metadata_terms
 from agentcheck.serde import (
     MESSAGE_LIST,
@@ -487,6 +487,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             )  # fmt: skip
             if found is None or found.metadata.get("source") not in OUTSIDE_EDITS:
                 return None
+            if not triggers(found.checkpoint["channel_values"], node):
+                return None  # an update after which the node was not pending any more
             if found.parent_config is None:
                 return None
             checkpoint_id = found.parent_config["configurable"]["checkpoint_id"]

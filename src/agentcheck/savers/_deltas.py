@@ -91,7 +91,9 @@ def _kind(kind: type) -> int:
         if kind is dict or kind is list:
             found = _ENTRIES
         elif issubclass(kind, BaseModel) or (
-            dataclasses.is_dataclass(kind) and not hasattr(kind, "__slots__")
+            # Instances with a __dict__ (a class's __slots__ may be inherited, from
+            # Generic or ABC, while its instances still have one).
+            dataclasses.is_dataclass(kind) and getattr(kind, "__dictoffset__", 0) != 0
         ):
             found = _FIELDS
         else:

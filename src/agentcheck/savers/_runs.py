@@ -17,7 +17,7 @@ from agentcheck import _task_names as task_names
 from agentcheck.backends.base import OnCommit, Operation
 from agentcheck.journal import EventSpec, JournalOps
 
-__all__ = ["OUTSIDE_EDITS", "UPDATE_PATH", "RunJournal", "node_name"]
+__all__ = ["OUTSIDE_EDITS", "UPDATE_PATH", "RunJournal", "node_name", "triggers"]
 
 
 def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | None:
@@ -33,9 +33,10 @@ def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | 
     return None
 
 
-# Checkpoints written from outside the graph: update_state. (LangGraph writes "fork"
-# checkpoints itself, to run again from an earlier one: a new attempt.)
+# Checkpoints written from outside the graph: update_state.
 OUTSIDE_EDITS = ("update",)
+# Checkpoints that are no step of a run: those, and LangGraph's copies ("fork").
+_NOT_A_STEP = ("update", "fork")
 # The task path LangGraph gives the writes of update_state: ~__interrupt__, <index>.
 UPDATE_PATH = "~__interrupt__"
 _JOIN = "join:"
@@ -54,6 +55,16 @@ def _triggers_a_node(values: Mapping[str, Any]) -> bool:
         if channel.startswith(_JOIN) and _join_complete(channel, value):
             return True
     return False
+
+
+def triggers(values: Mapping[str, Any], node: str) -> bool:
+    """Whether a checkpoint's channel values trigger ``node`` (see _triggers_a_node)."""
+    if f"branch:to:{node}" in values:
+        return True
+    return any(
+        channel.startswith(_JOIN) and channel.endswith(":" + node) and _join_complete(channel, v)
+        for channel, v in values.items()
+    )
 
 
 def _join_complete(channel: str, value: Any) -> bool:
@@ -126,9 +137,11 @@ class RunJournal:
         pending = values.get("__pregel_tasks")
         if pending:
             self._remember_push_nodes((thread_id, "", checkpoint_id), pending)
-        if meta.get("source") in OUTSIDE_EDITS:
-            # update_state from outside the graph: the run (paused, failed or ended)
-            # stays as it is; whatever runs next from here restarts it.
+        if meta.get("source") in _NOT_A_STEP:
+            # update_state from outside the graph, or a copy of a checkpoint (LangGraph's
+            # "fork": update_state(as_node="__copy__"), or running again from an earlier
+            # checkpoint): the run (paused, failed or ended) stays as it is; whatever
+            # runs next from here restarts it (_journal_task).
             return None
         status, at = self._run_status.get(thread_id, (None, None))
         if status != "running" and at is not None and checkpoint_id <= at:
@@ -203,6 +216,9 @@ class RunJournal:
             # interrupt's id (its resume value comes with its writes), invoke(None)
             # after an error. Not any task: one of several paused may pause again.
             or (checkpoint_id == at and task_id in self._stopped_by.get(thread_id, ()))
+            # ...or a task runs from a later checkpoint than the one the run stopped at
+            # (after a fork: running again from an earlier checkpoint).
+            or (status != "running" and at is not None and checkpoint_id > at)
         ):
             status = yield from self._start_if_due(thread_id, checkpoint_id)
         if channels <= {RESUME}:
