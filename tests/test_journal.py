@@ -454,28 +454,16 @@ async def test_running_again_from_an_earlier_checkpoint_is_a_new_attempt(
     own and runs on from there. (It was taken for an edit from outside: no new start, and
     a failure was booked on the attempt that had succeeded.)"""
     fail = [False]
-
-    def second(state: Log) -> Log:
-        if fail[0]:
-            raise RuntimeError("b broke on replay")
-        return {"log": [*state.get("log", []), "b"]}
-
-    builder = StateGraph(Log)
-    builder.add_node("a", lambda state: {"log": ["a"]})
-    builder.add_node("b", second)
-    builder.add_edge(START, "a")
-    builder.add_edge("a", "b")
-    builder.add_edge("b", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = failing_graph(saver, fail)
     await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     history = await collect_history(graph, kind, config("t1"))
-    after_a = next(h for h in history if h.next == ("b",))
+    prepared = next(h for h in history if h.next == ("explode",))
     fail[0] = fails
     if fails:
-        with pytest.raises(RuntimeError, match="broke"):
-            await call(graph, "invoke", kind, None, after_a.config, **SYNC)
+        with pytest.raises(RuntimeError, match="warehouse"):
+            await call(graph, "invoke", kind, None, prepared.config, **SYNC)
     else:
-        await call(graph, "invoke", kind, None, after_a.config, **SYNC)
+        await call(graph, "invoke", kind, None, prepared.config, **SYNC)
     run = await call(saver.journal, "get_run", kind, "t1")
     assert (run.status, run.attempt) == ("failed" if fails else "succeeded", 2)
     events = await call(saver.journal, "events", kind, "t1")
@@ -487,7 +475,7 @@ async def test_running_again_from_an_earlier_checkpoint_is_a_new_attempt(
     ]
     steps = [(e.kind, e.phase, e.name) for e in events]
     restart = len(steps) - 1 - steps[::-1].index(("run", "start", None))
-    assert ("node", "error" if fails else "end", "b") in steps[restart:]  # in the new attempt
+    assert ("node", "error" if fails else "end", "explode") in steps[restart:]  # the new attempt
 
 
 async def collect_history(graph: Any, kind: str, cfg: Any) -> list[Any]:
