@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import pytest
+from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command, Send, interrupt
 from typing_extensions import TypedDict
@@ -501,6 +502,97 @@ async def test_a_copy_made_by_update_state_leaves_the_run_as_it_was(kind: str, s
     await call(graph, "update_state", kind, config("t1"), None, as_node="__copy__")
     done = await call(saver.journal, "get_run", kind, "t1")
     assert (done.status, done.attempt) == ("succeeded", 2)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])  # an async graph cancels the branch
+async def test_a_call_in_a_branch_still_running_after_its_sibling_failed_is_no_restart(
+    kind: str, saver: Any
+) -> None:
+    """The branch that is still running when its sibling has failed the run makes a
+    wrapped call: it started the run again (attempt 2, read "running" for good)."""
+
+    @agentcheck.idempotent
+    def lookup(x: int) -> int:
+        return x * 2
+
+    def boom(state: Log) -> Log:
+        raise RuntimeError("boom")
+
+    def slow(state: Log) -> Log:
+        time.sleep(0.3)
+        return {"log": [str(lookup(1))]}
+
+    builder = StateGraph(Joined)
+    builder.add_node("boom", boom)
+    builder.add_node("slow", slow)
+    for name in ("boom", "slow"):
+        builder.add_edge(START, name)
+        builder.add_edge(name, END)
+    graph = builder.compile(checkpointer=saver)
+    with pytest.raises(RuntimeError, match="boom"):
+        await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    time.sleep(0.5)  # the branch finishes after invoke raised
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("failed", 1)
+
+
+@parametrize_kinds
+async def test_a_resume_sent_to_a_finished_thread_leaves_its_run_as_it_was(
+    kind: str, saver: Any
+) -> None:
+    """A stray Command(resume=...) (an approval submitted twice) runs nothing."""
+    graph = one_node_graph(saver, lambda state: {"log": ["done"]})
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    await call(graph, "invoke", kind, Command(resume="again"), config("t1"), **SYNC)
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("succeeded", 1)
+
+
+@parametrize_kinds
+async def test_update_state_as_the_input_leaves_the_run_as_it_was(kind: str, saver: Any) -> None:
+    """update_state(as_node="__input__") writes an input checkpoint, and nothing runs."""
+    graph = one_node_graph(saver, lambda state: {"log": ["done"]})
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    await call(graph, "update_state", kind, config("t1"), {"log": ["x"]}, as_node="__input__")
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("succeeded", 1)
+    # What runs from it next is the run's next attempt.
+    await call(graph, "invoke", kind, None, config("t1"), **SYNC)
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("succeeded", 2)
+
+
+@parametrize_kinds
+async def test_a_task_error_its_entrypoint_catches_does_not_fail_the_run(
+    kind: str, saver: Any
+) -> None:
+    """Functional API: a @task's error, caught by the entrypoint that called it."""
+
+    @task
+    def risky(x: int) -> int:
+        raise RuntimeError("risky failed")
+
+    @task
+    def fine(x: int) -> int:
+        return x + 1
+
+    @entrypoint(checkpointer=saver)
+    def workflow(x: int) -> int:
+        try:
+            risky(x).result()
+        except RuntimeError:
+            pass
+        return fine(x).result()
+
+    if is_async(kind):
+        assert await workflow.ainvoke(1, config("t1"), **SYNC) == 2
+    else:
+        assert workflow.invoke(1, config("t1"), **SYNC) == 2
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("succeeded", 1)
+    events = await call(saver.journal, "events", kind, "t1")
+    assert run_events(events) == [("start", None), ("end", "succeeded")]
+    assert ("error", "risky") in [(e.phase, e.name) for e in events if e.kind == "node"]
 
 
 @parametrize_kinds

@@ -114,6 +114,8 @@ class CallContext:
             this context asks a human (see :func:`note_interrupt`); False if it cannot.
         skip_interrupts: passes over that many: a replayed call asks nothing, and the
             framework matches answers to questions by their order (LangGraph).
+        position: where the call runs in its framework's run (LangGraph: the root
+            checkpoint and task), for when it starts the run (see ``framework``).
         resolve_prefix: a journal operation giving the key prefix to use instead of
             ``key_prefix``, run before the first call (LangGraph: the task a task
             continues after update_state).
@@ -130,6 +132,7 @@ class CallContext:
     count_interrupts: Callable[[], bool] | None = None
     skip_interrupts: Callable[[int], None] | None = None
     resolve_prefix: Callable[[], Any] | None = None
+    position: tuple[str, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next_key(self, kind: str, name: str) -> str:
@@ -360,6 +363,7 @@ def _protocol(
             owner=owner,
             event=event("start", payload=start_payload),
             ensure_run=ctx.framework,
+            position=ctx.position,
         )
 
     claim: Claim = yield _Db(claim_step)

@@ -384,16 +384,17 @@ class JournalOps:
         owner: str,
         event: EventSpec | None = None,
         ensure_run: str | None = None,
+        position: tuple[str, str] | None = None,
     ) -> Operation[Claim]:
         """Start a step unless it exists: one atomic insert on ``(scope, step_key)``.
 
         Returns the stored step and whether this caller owns it. The start event is
         appended in the same transaction, only when the claim succeeds. With
         ``ensure_run`` (a framework name), the run is first started in the journal if
-        this process has not started it yet.
+        this process has not started it yet (``position``: see SaverCore._ensure_run).
         """
         if ensure_run is not None and run_id is not None:
-            yield from self.core._ensure_run(run_id, ensure_run)
+            yield from self.core._ensure_run(run_id, ensure_run, position)
         atype, adata = self.dump(args)
         yield Query(
             self.sql.CLAIM_STEP,

@@ -29,6 +29,7 @@ from typing import Annotated, Any
 
 import psycopg
 import pytest
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.runnables import RunnableBinding, RunnableLambda
 from langchain_core.tools import tool
@@ -578,6 +579,42 @@ async def test_a_new_run_of_a_node_after_update_state_as_that_node_makes_its_cal
 
     assert asked["__interrupt__"][0].value == "approve 2?"
     assert calls == [10, 20]
+
+
+@parametrize_kinds
+async def test_durable_model_of_a_model_that_cannot_stream_streams_its_answer(
+    kind: str, saver: Any
+) -> None:
+    """A chat model with no _stream of its own (LangChain then calls _generate): the
+    wrapper claimed it could stream, and stream_mode="messages" raised
+    NotImplementedError."""
+    inner = FakeMessagesListChatModel(responses=[AIMessage("hi there"), AIMessage("again")])
+    model = durable_model(inner)
+
+    def node(state: MessagesState) -> dict[str, Any]:
+        answer = model.invoke(state["messages"])
+        interrupt("go on?")
+        return {"messages": [answer]}
+
+    if is_async(kind):
+
+        async def anode(state: MessagesState) -> dict[str, Any]:
+            answer = await model.ainvoke(state["messages"])
+            interrupt("go on?")
+            return {"messages": [answer]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("chat", anode if is_async(kind) else node)
+    builder.add_edge(START, "chat")
+    builder.add_edge("chat", END)
+    graph = builder.compile(checkpointer=saver)
+    chunks = await stream(
+        graph, kind, {"messages": [HumanMessage("hi")]}, config("t1"), stream_mode="messages"
+    )
+    assert [c[0].content for c in chunks] == ["hi there"]
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+    assert final["messages"][-1].content == "hi there"
+    assert inner.i == 1  # called once (the next answer would be "again"), then replayed
 
 
 # --------------------------------------------------------------------------- 2. node retry

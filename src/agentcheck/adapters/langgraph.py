@@ -162,11 +162,14 @@ def langgraph_context() -> CallContext | None:
                 _continued_prefix, saver, str(thread_id), parent_ns, str(checkpoint_id),
                 node, str(ns), str(task_id),
             )  # fmt: skip
+    root_checkpoint = (conf.get("checkpoint_map") or {}).get("")
+    root_task = str(ns).split("|", 1)[0].partition(":")[2]
     return CallContext(
         journal=saver.journal,
         scope=str(thread_id),
         key_prefix=f"{ns}|{task_id}",
         resolve_prefix=resolve_prefix,
+        position=(str(root_checkpoint), root_task) if root_checkpoint and root_task else None,
         run_id=str(thread_id),
         call_id=_tool_call_ids.lookup(parent_run_id),
         counters=counters,
@@ -342,6 +345,17 @@ class DurableChatModel(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"inner": self.inner._identifying_params}
+
+    def _should_stream(
+        self,
+        *,
+        async_api: bool,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> bool:
+        """Stream when the wrapped model would: one that cannot stream (no ``_stream``),
+        or has streaming disabled, is called through ``_generate`` instead."""
+        return self.inner._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
 
     def _spec(self) -> EffectSpec:
         return EffectSpec(

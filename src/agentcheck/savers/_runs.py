@@ -57,6 +57,13 @@ def _triggers_a_node(values: Mapping[str, Any]) -> bool:
     return False
 
 
+def _called(task_path: str) -> bool:
+    """Whether a task was called from another task (a functional API ``@task``): its path
+    is ``~__pregel_push, ~__pregel_pull, <caller>, ...``; a ``Send``'s is
+    ``~__pregel_push, <index>``."""
+    return task_path.startswith("~__pregel_push") and "__pregel_pull" in task_path
+
+
 def triggers(values: Mapping[str, Any], node: str) -> bool:
     """Whether a checkpoint's channel values trigger ``node`` (see _triggers_a_node)."""
     if f"branch:to:{node}" in values:
@@ -98,6 +105,8 @@ class RunJournal:
     # Per thread: the tasks whose writes paused or failed the run, at that checkpoint. A
     # later write of one of them is the task run again: the run was retried or resumed.
     _stopped_by: dict[str, frozenset[str]]
+    # Per thread: its latest input checkpoint, until something runs from it.
+    _inputs: dict[str, str]
     # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
     _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
 
@@ -143,11 +152,17 @@ class RunJournal:
             # checkpoint): the run (paused, failed or ended) stays as it is; whatever
             # runs next from here restarts it (_journal_task).
             return None
+        if meta.get("source") == "input":
+            # New input starts an attempt when something runs from it (its first task's
+            # writes, or the next checkpoint): update_state(as_node="__input__") writes
+            # an input checkpoint too, and nothing runs.
+            yield OnCommit(self._remember_input(thread_id, checkpoint_id))
+            return None
         status, at = self._run_status.get(thread_id, (None, None))
         if status != "running" and at is not None and checkpoint_id <= at:
             return None  # a late write of the checkpoint the run paused or ended at
         status = yield from self._start_if_due(
-            thread_id, checkpoint_id, force=meta.get("source") == "input"
+            thread_id, checkpoint_id, force=self._from_input(thread_id, checkpoint_id)
         )
         if (
             status == "running"
@@ -175,13 +190,28 @@ class RunJournal:
         while len(self._push_nodes) > 1024:
             self._push_nodes.popitem(last=False)
 
-    def _ensure_run(self, run_id: str, framework: str) -> Operation[None]:
+    def _ensure_run(
+        self, run_id: str, framework: str, position: tuple[str, str] | None = None
+    ) -> Operation[None]:
         """Start the run in the journal unless this process already did: called before a
-        wrapped call's first event, so a resumed attempt's events follow its start."""
+        wrapped call's first event, so a resumed attempt's events follow its start.
+
+        ``position``: the (root checkpoint id, root task id) of a LangGraph call. A call
+        of a task of the step the run stopped at, other than the tasks that stopped it
+        (a parallel branch still running after its sibling failed or paused), or of an
+        older step, is no new attempt.
+        """
         status, at = self._run_status.get(run_id, (None, None))
-        if status != "running":
-            yield from self.journal_ops.start_run(run_id, framework=framework, thread_id=run_id)
-            yield from self._set_status(run_id, "running", at)
+        if status == "running":
+            return None
+        if position is not None and status is not None and at is not None:
+            checkpoint_id, task_id = position
+            if checkpoint_id < at or (
+                checkpoint_id == at and task_id not in self._stopped_by.get(run_id, ())
+            ):
+                return None
+        yield from self.journal_ops.start_run(run_id, framework=framework, thread_id=run_id)
+        yield from self._set_status(run_id, "running", at)
         return None
 
     def _journal_task(
@@ -208,10 +238,12 @@ class RunJournal:
         # Writes of a step older than the run's last transition are still logged, but
         # change the run's status no more.
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
-        if not stale and (
+        if not stale and self._from_input(thread_id, checkpoint_id, same=True):
+            status = yield from self._start_if_due(thread_id, checkpoint_id, force=True)
+        elif not stale and (
             status is None  # the first write this process sees for the thread
-            # A resume value for the whole run (Command(resume=value))...
-            or (task_id == NULL_TASK_ID and RESUME in channels)
+            # A resume value for the whole run (Command(resume=value)) of a paused one...
+            or (task_id == NULL_TASK_ID and RESUME in channels and status == "interrupted")
             # ...or a task that paused or failed the run runs again: resumed by its
             # interrupt's id (its resume value comes with its writes), invoke(None)
             # after an error. Not any task: one of several paused may pause again.
@@ -224,7 +256,11 @@ class RunJournal:
         if channels <= {RESUME}:
             return None
         new_status: str | None
-        if ERROR in channels:
+        if ERROR in channels and _called(task_path):
+            # A @task of the functional API, called from another task: the caller may
+            # catch its error; if not, the caller's own error fails the run.
+            phase, new_status = "error", None
+        elif ERROR in channels:
             phase, new_status = "error", "failed"
         elif INTERRUPT in channels:
             phase, new_status = "interrupt", "interrupted"
@@ -270,8 +306,24 @@ class RunJournal:
         def remember() -> None:
             self._run_status[run_id] = (status, at)
             self._stopped_by.pop(run_id, None)
+            if status == "running":
+                self._inputs.pop(run_id, None)
 
         return remember
+
+    def _remember_input(self, run_id: str, checkpoint_id: str) -> Callable[[], None]:
+        def remember() -> None:
+            self._inputs[run_id] = checkpoint_id
+
+        return remember
+
+    def _from_input(self, run_id: str, checkpoint_id: str, *, same: bool = False) -> bool:
+        """Whether this write runs from new input not started yet: at the input
+        checkpoint with ``same``, else after it. (The run's start forgets the input.)"""
+        started = self._inputs.get(run_id)
+        if started is None:
+            return False
+        return checkpoint_id == started if same else checkpoint_id > started
 
     def _remember_stopped(self, run_id: str, tasks: frozenset[str]) -> Callable[[], None]:
         def remember() -> None:
