@@ -596,6 +596,68 @@ async def test_a_task_error_its_entrypoint_catches_does_not_fail_the_run(
 
 
 @parametrize_kinds
+async def test_retrying_a_workflow_whose_task_failed_starts_before_the_task_runs(
+    kind: str, saver: Any
+) -> None:
+    """Functional API: a @task raises and its entrypoint does not catch it; invoke(None)
+    runs the task again, and the new attempt starts before the task's events."""
+    fail = [True]
+
+    @task
+    def flaky(x: int) -> int:
+        if fail[0]:
+            raise ValueError("flaky")
+        return x * 10
+
+    @entrypoint(checkpointer=saver)
+    def workflow(x: int) -> int:
+        return flaky(x).result()
+
+    async def run(value: Any) -> Any:
+        if is_async(kind):
+            return await workflow.ainvoke(value, config("t1"), **SYNC)
+        return workflow.invoke(value, config("t1"), **SYNC)
+
+    with pytest.raises(ValueError, match="flaky"):
+        await run(1)
+    fail[0] = False
+    assert await run(None) == 10
+    run_ = await call(saver.journal, "get_run", kind, "t1")
+    assert (run_.status, run_.attempt) == ("succeeded", 2)
+    steps = [(e.kind, e.phase, e.name) for e in await call(saver.journal, "events", kind, "t1")]
+    restart = len(steps) - 1 - steps[::-1].index(("run", "start", None))
+    assert ("node", "end", "flaky") in steps[restart:]
+
+
+@parametrize_kinds
+async def test_a_task_error_caught_by_a_node_reached_through_send_does_not_fail_the_run(
+    kind: str, saver: Any
+) -> None:
+    @task
+    def risky(x: int) -> int:
+        raise RuntimeError("risky failed")
+
+    def work(arg: dict[str, Any]) -> Joined:
+        try:
+            risky(1).result()
+        except RuntimeError:
+            return {"log": ["caught"]}
+        return {"log": ["not caught"]}
+
+    builder = StateGraph(Joined)
+    builder.add_node("plan", lambda state: {"log": []})
+    builder.add_node("work", work)
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges("plan", lambda state: [Send("work", {})], ["work"])
+    builder.add_edge("work", END)
+    graph = builder.compile(checkpointer=saver)
+    result = await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    assert result["log"] == ["caught"]
+    run = await call(saver.journal, "get_run", kind, "t1")
+    assert (run.status, run.attempt) == ("succeeded", 1)
+
+
+@parametrize_kinds
 async def test_update_state_leaves_the_run_as_it_was(kind: str, saver: Any) -> None:
     def ask(state: Log) -> Log:
         return {"log": [interrupt("approve?")]}

@@ -59,9 +59,10 @@ def _triggers_a_node(values: Mapping[str, Any]) -> bool:
 
 def _called(task_path: str) -> bool:
     """Whether a task was called from another task (a functional API ``@task``): its path
-    is ``~__pregel_push, ~__pregel_pull, <caller>, ...``; a ``Send``'s is
-    ``~__pregel_push, <index>``."""
-    return task_path.startswith("~__pregel_push") and "__pregel_pull" in task_path
+    is ``~__pregel_push, <the caller's path>, ...`` (``~__pregel_push, ~__pregel_pull,
+    <caller>, ...``, or ``~__pregel_push, ~__pregel_push, ...`` from a Send's task); a
+    ``Send``'s own is ``~__pregel_push, <index>``."""
+    return task_path.startswith("~__pregel_push, ~")
 
 
 def triggers(values: Mapping[str, Any], node: str) -> bool:
@@ -238,6 +239,8 @@ class RunJournal:
         # Writes of a step older than the run's last transition are still logged, but
         # change the run's status no more.
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
+        stopped = self._stopped_by.get(thread_id, frozenset())
+        was = status
         if not stale and self._from_input(thread_id, checkpoint_id, same=True):
             status = yield from self._start_if_due(thread_id, checkpoint_id, force=True)
         elif not stale and (
@@ -279,14 +282,26 @@ class RunJournal:
                 error=error,
             )
         )
-        if new_status is None or stale:
+        if stale:
             return None
-        stopped = self._stopped_by.get(thread_id, frozenset())
+        if status == "running" and was != "running":
+            stopped = frozenset()  # started again just now: what stopped it is past
+        if new_status is None:
+            if phase == "error":  # a called task failed: its caller may catch it; if
+                # not, running it again (invoke(None)) goes on with the run
+                yield OnCommit(self._remember_stopped(thread_id, stopped | {task_id}))
+            return None
         if status == new_status and at == checkpoint_id:
             # Another task of the same step paused too (parallel interrupts): one
             # transition for the step, but each of its tasks resumes it.
             yield OnCommit(self._remember_stopped(thread_id, stopped | {task_id}))
             return None
+        if status != "running" and not (
+            at == checkpoint_id and status in ("interrupted", "failed")
+        ):
+            stopped = frozenset()
+        # Kept: called tasks that failed while it ran, or, in the step it stopped at, the
+        # task that paused it when another now fails it (or the other way round).
         yield from self.journal_ops.set_run_status(
             thread_id,
             new_status,  # type: ignore[arg-type]
@@ -294,7 +309,7 @@ class RunJournal:
             framework="langgraph",
         )
         yield from self._set_status(thread_id, new_status, checkpoint_id)
-        yield OnCommit(self._remember_stopped(thread_id, frozenset({task_id})))
+        yield OnCommit(self._remember_stopped(thread_id, stopped | {task_id}))
         return None
 
     def _set_status(self, run_id: str, status: str, at: str | None) -> Operation[None]:
