@@ -549,20 +549,6 @@ async def test_a_resume_sent_to_a_finished_thread_leaves_its_run_as_it_was(
 
 
 @parametrize_kinds
-async def test_update_state_as_the_input_leaves_the_run_as_it_was(kind: str, saver: Any) -> None:
-    """update_state(as_node="__input__") writes an input checkpoint, and nothing runs."""
-    graph = one_node_graph(saver, lambda state: {"log": ["done"]})
-    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
-    await call(graph, "update_state", kind, config("t1"), {"log": ["x"]}, as_node="__input__")
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("succeeded", 1)
-    # What runs from it next is the run's next attempt.
-    await call(graph, "invoke", kind, None, config("t1"), **SYNC)
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("succeeded", 2)
-
-
-@parametrize_kinds
 async def test_a_task_error_its_entrypoint_catches_does_not_fail_the_run(
     kind: str, saver: Any
 ) -> None:

@@ -106,8 +106,6 @@ class RunJournal:
     # Per thread: the tasks whose writes paused or failed the run, at that checkpoint. A
     # later write of one of them is the task run again: the run was retried or resumed.
     _stopped_by: dict[str, frozenset[str]]
-    # Per thread: its latest input checkpoint, until something runs from it.
-    _inputs: dict[str, str]
     # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
     _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
 
@@ -153,17 +151,13 @@ class RunJournal:
             # checkpoint): the run (paused, failed or ended) stays as it is; whatever
             # runs next from here restarts it (_journal_task).
             return None
-        if meta.get("source") == "input":
-            # New input starts an attempt when something runs from it (its first task's
-            # writes, or the next checkpoint): update_state(as_node="__input__") writes
-            # an input checkpoint too, and nothing runs.
-            yield OnCommit(self._remember_input(thread_id, checkpoint_id))
-            return None
         status, at = self._run_status.get(thread_id, (None, None))
         if status != "running" and at is not None and checkpoint_id <= at:
             return None  # a late write of the checkpoint the run paused or ended at
+        # New input starts an attempt in the input checkpoint's own statement. (So does
+        # update_state(as_node="__input__"), which writes one too and runs nothing.)
         status = yield from self._start_if_due(
-            thread_id, checkpoint_id, force=self._from_input(thread_id, checkpoint_id)
+            thread_id, checkpoint_id, force=meta.get("source") == "input"
         )
         if (
             status == "running"
@@ -241,9 +235,7 @@ class RunJournal:
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
-        if not stale and self._from_input(thread_id, checkpoint_id, same=True):
-            status = yield from self._start_if_due(thread_id, checkpoint_id, force=True)
-        elif not stale and (
+        if not stale and (
             status is None  # the first write this process sees for the thread
             # A resume value for the whole run (Command(resume=value)) of a paused one...
             or (task_id == NULL_TASK_ID and RESUME in channels and status == "interrupted")
@@ -321,24 +313,8 @@ class RunJournal:
         def remember() -> None:
             self._run_status[run_id] = (status, at)
             self._stopped_by.pop(run_id, None)
-            if status == "running":
-                self._inputs.pop(run_id, None)
 
         return remember
-
-    def _remember_input(self, run_id: str, checkpoint_id: str) -> Callable[[], None]:
-        def remember() -> None:
-            self._inputs[run_id] = checkpoint_id
-
-        return remember
-
-    def _from_input(self, run_id: str, checkpoint_id: str, *, same: bool = False) -> bool:
-        """Whether this write runs from new input not started yet: at the input
-        checkpoint with ``same``, else after it. (The run's start forgets the input.)"""
-        started = self._inputs.get(run_id)
-        if started is None:
-            return False
-        return checkpoint_id == started if same else checkpoint_id > started
 
     def _remember_stopped(self, run_id: str, tasks: frozenset[str]) -> Callable[[], None]:
         def remember() -> None:
