@@ -126,6 +126,26 @@ def failing_graph(saver: Any, fail: list[bool]) -> Any:
     return builder.compile(checkpointer=saver)
 
 
+async def run_of(saver: Any, kind: str, thread_id: str = "t1") -> tuple[str, int]:
+    """The status and attempt of a thread's run."""
+    run = await call(saver.journal, "get_run", kind, thread_id)
+    return run.status, run.attempt
+
+
+def ask_approval(state: Log) -> Log:
+    """A node that pauses for a human's answer."""
+    return {"log": [interrupt("approve?")]}
+
+
+# The run events of a run that paused once, then was resumed to its end.
+PAUSED_THEN_DONE = [
+    ("start", None),
+    ("interrupt", "interrupted"),
+    ("start", None),
+    ("end", "succeeded"),
+]
+
+
 def run_events(events: list[Event]) -> list[tuple[str, str | None]]:
     return [(e.phase, e.name) for e in events if e.kind == "run"]
 
@@ -219,12 +239,7 @@ async def test_run_status_goes_running_interrupted_running_succeeded(kind: str, 
     assert (done.status, done.attempt) == ("succeeded", 2)
     assert done.ended_at is not None
     events = await call(saver.journal, "events", kind, "t1")
-    assert run_events(events) == [
-        ("start", None),
-        ("interrupt", "interrupted"),
-        ("start", None),
-        ("end", "succeeded"),
-    ]
+    assert run_events(events) == PAUSED_THEN_DONE
     assert ("interrupt", "ask") in [(e.phase, e.name) for e in events if e.kind == "node"]
 
 
@@ -235,10 +250,7 @@ async def test_every_resumed_run_ends_succeeded_on_its_second_attempt(
     """The resume value and the next checkpoint are stored concurrently: together they
     restart the run once, and the run ends succeeded."""
 
-    def ask(state: Log) -> Log:
-        return {"log": [interrupt("approve?")]}
-
-    graph = one_node_graph(saver, ask)
+    graph = one_node_graph(saver, ask_approval)
     for i in range(60):
         await call(graph, "invoke", kind, {"log": []}, config(f"t{i}"), **SYNC)
         await call(graph, "invoke", kind, Command(resume="yes"), config(f"t{i}"), **SYNC)
@@ -325,8 +337,7 @@ async def test_a_run_through_a_join_ends_once_after_its_last_node(
     result = await call(graph, "invoke", kind, {"log": []}, config("t1"), durability=durability)
     assert sorted(result["log"]) == ["after", "join", "p", "q"]
 
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("succeeded", 1)
+    assert await run_of(saver, kind) == ("succeeded", 1)
     events = await call(saver.journal, "events", kind, "t1")
     assert run_events(events) == [("start", None), ("end", "succeeded")]
     assert [e.name for e in events][-3:] == ["join", "after", "succeeded"]
@@ -337,8 +348,7 @@ async def test_a_run_ends_with_a_join_whose_other_source_never_ran(kind: str, sa
     graph = joined_graph(saver, skip_q=True)
     result = await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     assert sorted(result["log"]) == ["other", "p"]
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("succeeded", 1)
+    assert await run_of(saver, kind) == ("succeeded", 1)
 
 
 @parametrize_kinds
@@ -352,8 +362,7 @@ async def test_each_retry_of_a_failed_run_is_an_attempt_with_its_own_start(
     for attempt in (1, 2):
         with pytest.raises(RuntimeError, match="warehouse"):
             await call(graph, "invoke", kind, None if attempt > 1 else {}, config("t1"), **SYNC)
-        run = await call(saver.journal, "get_run", kind, "t1")
-        assert (run.status, run.attempt) == ("failed", attempt)
+        assert await run_of(saver, kind) == ("failed", attempt)
     fail[0] = False
     await call(graph, "invoke", kind, None, config("t1"), **SYNC)
     run = await call(saver.journal, "get_run", kind, "t1")
@@ -442,8 +451,7 @@ async def test_a_partial_resume_that_leaves_a_node_paused_reads_interrupted(
     await call(graph, "invoke", kind, Command(resume={x.id: "ok"}), config("t1"), **SYNC)
     state = await call(graph, "get_state", kind, config("t1"))
     assert state.next == ("y",)
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("interrupted", 2)
+    assert await run_of(saver, kind) == ("interrupted", 2)
 
 
 @parametrize_kinds
@@ -465,8 +473,7 @@ async def test_running_again_from_an_earlier_checkpoint_is_a_new_attempt(
             await call(graph, "invoke", kind, None, prepared.config, **SYNC)
     else:
         await call(graph, "invoke", kind, None, prepared.config, **SYNC)
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("failed" if fails else "succeeded", 2)
+    assert await run_of(saver, kind) == ("failed" if fails else "succeeded", 2)
     events = await call(saver.journal, "events", kind, "t1")
     assert run_events(events) == [
         ("start", None),
@@ -490,18 +497,13 @@ async def test_a_copy_made_by_update_state_leaves_the_run_as_it_was(kind: str, s
     """update_state(as_node="__copy__") writes a "fork" checkpoint with no new values:
     an edit from outside, not LangGraph running again from an earlier checkpoint."""
 
-    def ask(state: Log) -> Log:
-        return {"log": [interrupt("approve?")]}
-
-    graph = one_node_graph(saver, ask)
+    graph = one_node_graph(saver, ask_approval)
     await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     await call(graph, "update_state", kind, config("t1"), None, as_node="__copy__")
-    paused = await call(saver.journal, "get_run", kind, "t1")
-    assert (paused.status, paused.attempt) == ("interrupted", 1)
+    assert await run_of(saver, kind) == ("interrupted", 1)
     await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **SYNC)
     await call(graph, "update_state", kind, config("t1"), None, as_node="__copy__")
-    done = await call(saver.journal, "get_run", kind, "t1")
-    assert (done.status, done.attempt) == ("succeeded", 2)
+    assert await run_of(saver, kind) == ("succeeded", 2)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])  # an async graph cancels the branch
@@ -532,8 +534,7 @@ async def test_a_call_in_a_branch_still_running_after_its_sibling_failed_is_no_r
     with pytest.raises(RuntimeError, match="boom"):
         await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     time.sleep(0.5)  # the branch finishes after invoke raised
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("failed", 1)
+    assert await run_of(saver, kind) == ("failed", 1)
 
 
 @parametrize_kinds
@@ -544,8 +545,7 @@ async def test_a_resume_sent_to_a_finished_thread_leaves_its_run_as_it_was(
     graph = one_node_graph(saver, lambda state: {"log": ["done"]})
     await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     await call(graph, "invoke", kind, Command(resume="again"), config("t1"), **SYNC)
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("succeeded", 1)
+    assert await run_of(saver, kind) == ("succeeded", 1)
 
 
 @parametrize_kinds
@@ -574,8 +574,7 @@ async def test_a_task_error_its_entrypoint_catches_does_not_fail_the_run(
         assert await workflow.ainvoke(1, config("t1"), **SYNC) == 2
     else:
         assert workflow.invoke(1, config("t1"), **SYNC) == 2
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("succeeded", 1)
+    assert await run_of(saver, kind) == ("succeeded", 1)
     events = await call(saver.journal, "events", kind, "t1")
     assert run_events(events) == [("start", None), ("end", "succeeded")]
     assert ("error", "risky") in [(e.phase, e.name) for e in events if e.kind == "node"]
@@ -608,8 +607,7 @@ async def test_retrying_a_workflow_whose_task_failed_starts_before_the_task_runs
         await run(1)
     fail[0] = False
     assert await run(None) == 10
-    run_ = await call(saver.journal, "get_run", kind, "t1")
-    assert (run_.status, run_.attempt) == ("succeeded", 2)
+    assert await run_of(saver, kind) == ("succeeded", 2)
     steps = [(e.kind, e.phase, e.name) for e in await call(saver.journal, "events", kind, "t1")]
     restart = len(steps) - 1 - steps[::-1].index(("run", "start", None))
     assert ("node", "end", "flaky") in steps[restart:]
@@ -639,20 +637,15 @@ async def test_a_task_error_caught_by_a_node_reached_through_send_does_not_fail_
     graph = builder.compile(checkpointer=saver)
     result = await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     assert result["log"] == ["caught"]
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("succeeded", 1)
+    assert await run_of(saver, kind) == ("succeeded", 1)
 
 
 @parametrize_kinds
 async def test_update_state_leaves_the_run_as_it_was(kind: str, saver: Any) -> None:
-    def ask(state: Log) -> Log:
-        return {"log": [interrupt("approve?")]}
-
-    graph = one_node_graph(saver, ask)
+    graph = one_node_graph(saver, ask_approval)
     await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     await call(graph, "update_state", kind, config("t1"), {"log": ["edited"]})
-    paused = await call(saver.journal, "get_run", kind, "t1")
-    assert (paused.status, paused.attempt) == ("interrupted", 1)
+    assert await run_of(saver, kind) == ("interrupted", 1)
 
     await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **SYNC)
     await call(graph, "update_state", kind, config("t1"), {"log": ["after the end"]})
@@ -661,12 +654,7 @@ async def test_update_state_leaves_the_run_as_it_was(kind: str, saver: Any) -> N
     assert done.ended_at is not None
 
     events = await call(saver.journal, "events", kind, "t1")
-    assert run_events(events) == [
-        ("start", None),
-        ("interrupt", "interrupted"),
-        ("start", None),
-        ("end", "succeeded"),
-    ]
+    assert run_events(events) == PAUSED_THEN_DONE
     node_events = [(e.phase, e.name) for e in events if e.kind == "node"]
     assert ("update", None) in node_events  # recorded, not taken for a node that ran
 
@@ -869,8 +857,7 @@ async def test_a_checkpoint_that_starts_and_ends_a_run_waits_for_no_answer(
     graph = one_node_graph(saver, lambda state: {"log": ["done"]})
     await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="exit")
     awaited_by_the_graph = list(awaited)
-    run = await call(saver.journal, "get_run", kind, "t1")
-    assert (run.status, run.attempt) == ("succeeded", 1)
+    assert await run_of(saver, kind) == ("succeeded", 1)
     events = await call(saver.journal, "events", kind, "t1")
     assert run_events(events) == [("start", None), ("end", "succeeded")]
     if is_postgres(kind):
@@ -896,8 +883,7 @@ async def test_a_checkpoint_that_starts_and_ends_a_run_waits_for_no_answer(
         ("start", None),
         ("end", "succeeded"),
     ]
-    again = await call(saver.journal, "get_run", kind, "t1")
-    assert (again.status, again.attempt) == ("succeeded", 2)
+    assert await run_of(saver, kind) == ("succeeded", 2)
 
 
 # --------------------------------------------------------------------------- steps

@@ -73,11 +73,12 @@ class PostgresSQL(SQL):
     # An insert of nothing, unless the value is missing: then a division by zero (of a
     # value the planner cannot fold) fails it, and the put with it. Written as an insert
     # so that it joins the put's statement (see _parts).
+    # (Fixed text around HAS_BLOB's look-up, counted: no input is formatted in.)
     CHECK_BLOB = (
-        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type) "
-        "SELECT '', '', '', '', (1 / (c.n - c.n))::text FROM (SELECT COUNT(*) AS n "
-        "FROM agentcheck_blobs WHERE thread_id = ? AND checkpoint_ns = ? AND channel = ? "
-        "AND version = ?) AS c WHERE c.n = 0"
+        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type) "  # noqa: S608
+        "SELECT '', '', '', '', (1 / (c.n - c.n))::text FROM ("
+        + SQL.HAS_BLOB.replace("SELECT 1 ", "SELECT COUNT(*) AS n ", 1)
+        + ") AS c WHERE c.n = 0"
     )
     # The keys as one text, channel and version after channel and version, separated by
     # the unit separator (chr(31)), split here into an array: no text can make the

@@ -199,15 +199,25 @@ class RunJournal:
         status, at = self._run_status.get(run_id, (None, None))
         if status == "running":
             return None
-        if position is not None and status is not None and at is not None:
-            checkpoint_id, task_id = position
-            if checkpoint_id < at or (
-                checkpoint_id == at and task_id not in self._stopped_by.get(run_id, ())
-            ):
-                return None
+        if position is not None and at is not None and not self._goes_on(run_id, *position):
+            return None
         yield from self.journal_ops.start_run(run_id, framework=framework, thread_id=run_id)
         yield from self._set_status(run_id, "running", at)
         return None
+
+    def _goes_on(self, run_id: str, checkpoint_id: str, task_id: str) -> bool:
+        """Whether a task of a stopped run carries it on: it runs from a later checkpoint
+        than the one the run stopped at (after a fork: running again from an earlier
+        checkpoint), or it is one of the tasks that stopped it there, running again (a
+        resume by its interrupt's id, whose value comes with its writes; invoke(None)
+        after an error). Not any task of that step: one of several paused may pause
+        again, and a parallel branch may still run after its sibling failed."""
+        status, at = self._run_status.get(run_id, (None, None))
+        if status == "running" or at is None:
+            return False
+        return checkpoint_id > at or (
+            checkpoint_id == at and task_id in self._stopped_by.get(run_id, ())
+        )
 
     def _journal_task(
         self,
@@ -237,15 +247,9 @@ class RunJournal:
         was = status
         if not stale and (
             status is None  # the first write this process sees for the thread
-            # A resume value for the whole run (Command(resume=value)) of a paused one...
+            # A resume value for the whole run (Command(resume=value)) of a paused one
             or (task_id == NULL_TASK_ID and RESUME in channels and status == "interrupted")
-            # ...or a task that paused or failed the run runs again: resumed by its
-            # interrupt's id (its resume value comes with its writes), invoke(None)
-            # after an error. Not any task: one of several paused may pause again.
-            or (checkpoint_id == at and task_id in self._stopped_by.get(thread_id, ()))
-            # ...or a task runs from a later checkpoint than the one the run stopped at
-            # (after a fork: running again from an earlier checkpoint).
-            or (status != "running" and at is not None and checkpoint_id > at)
+            or self._goes_on(thread_id, checkpoint_id, task_id)
         ):
             status = yield from self._start_if_due(thread_id, checkpoint_id)
         if channels <= {RESUME}:
