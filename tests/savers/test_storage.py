@@ -382,7 +382,7 @@ async def test_a_failed_write_stores_nothing_and_the_saver_goes_on(
 ) -> None:
     """Every write runs in one transaction: a failure part-way leaves no trace and the
     connection usable (on PostgreSQL autocommit connections agentcheck sends BEGIN and
-    COMMIT itself, inside the pipeline)."""
+    COMMIT itself, with the statements they frame)."""
     make_op = _failing_put(saver, "t-fail", failure)
     with pytest.raises((ValueError, Exception)) as info:
         await call(saver, "run_op", kind, make_op, write=True)

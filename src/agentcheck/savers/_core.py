@@ -146,9 +146,9 @@ def _blob_keys(
         keys.setdefault(ch, []).extend(chain)
     try:
         for ch, names in keys.items():
-            ch.encode()
-            for version in names:
-                version.encode()
+            for name in (ch, *names):
+                if not name.isascii():  # ASCII (most names, our versions) always encodes
+                    name.encode()
     except UnicodeEncodeError:  # a lone surrogate: the row is read the older way
         return None
     return keys

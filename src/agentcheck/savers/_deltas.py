@@ -30,6 +30,7 @@ another saver (another process) may have deleted or pruned the thread.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -102,12 +103,15 @@ def _kind(kind: type) -> int:
     return found
 
 
+_DICT_OF = operator.attrgetter("__dict__")
+
+
 def states_of(items: Sequence[Any], types: Sequence[type]) -> list[Any]:
     """What each item holds now, not copied: a dict or list itself, a model's
     ``__dict__``, or the item (see :func:`snapshot`)."""
     kinds = {_kind(kind) for kind in set(types)}
     if kinds == {_FIELDS}:  # a list of messages
-        return [item.__dict__ for item in items]
+        return list(map(_DICT_OF, items))
     if _FIELDS not in kinds:
         return list(items)
     return [item.__dict__ if _kind(type(item)) == _FIELDS else item for item in items]
@@ -131,8 +135,9 @@ def window_shift(
     (:func:`states_of`; kept as :func:`snapshot` for the old list) are equal: lists
     compared in C, identity first. One that cannot be compared (a numpy array) matches
     nothing."""
-    old_types, old_states = list(old_types), list(old_states)
-    new_types, new_states = list(new_types), list(new_states)
+    old_types, old_states, new_types, new_states = (
+        x if type(x) is list else list(x) for x in (old_types, old_states, new_types, new_states)
+    )
     try:
         for d in range(min(max_shift, len(old_types) - 1) + 1):
             n = len(old_types) - d
@@ -140,8 +145,9 @@ def window_shift(
                 n <= len(new_types)
                 and old_types[d] is new_types[0]
                 and old_states[d] == new_states[0]
-                and old_types[d:] == new_types[:n]
-                and old_states[d:] == new_states[:n]
+                # Slices are copies: the old list whole where it can be (a list that grew).
+                and (old_types if d == 0 else old_types[d:]) == new_types[:n]
+                and (old_states if d == 0 else old_states[d:]) == new_states[:n]
             ):
                 return d
     except Exception:  # an ambiguous comparison (arrays): store the list whole

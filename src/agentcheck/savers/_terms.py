@@ -38,9 +38,11 @@ def metadata_terms(metadata: Mapping[str, Any], prefix: tuple[str, ...] = ()) ->
             yield json.dumps(path, separators=(",", ":")) + "=" + _canonical(value)
         elif isinstance(value, Mapping):  # empty
             yield _path_json(path) + "={}"
+        elif type(value) is int:  # a counter (the step): JSON's text is Python's
+            yield _path_json(path) + "=" + str(value)
         elif (
             value is None
-            or type(value) in (int, bool, float)
+            or type(value) in (bool, float)
             or (type(value) is str and len(value) <= _CACHED_TEXT)
         ):
             yield _path_json(path) + "=" + _scalar_json(value)
