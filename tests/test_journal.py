@@ -937,6 +937,35 @@ async def test_steps_filter_by_run_scope_and_status(kind: str, saver: Any) -> No
 
 
 @parametrize_kinds
+async def test_a_claim_and_a_take_over_return_the_step_as_stored(kind: str, saver: Any) -> None:
+    """A claim that inserts its step builds it from what it inserted (no read back), a
+    lost claim and a take-over read it: each Step equals the stored row, arguments too."""
+    journal = saver.journal
+    args = {"amount": 5, "to": ("acct", 7), "note": "é"}
+    won = await run_op(journal, kind, claim_op(journal, "s", "pay", "owner-a", args=args))
+    lost = await run_op(journal, kind, claim_op(journal, "s", "pay", "owner-b", args={"x": 1}))
+    stored = await call(journal, "get_step", kind, "s", "pay")
+    assert won.owned and not lost.owned
+    assert won.step == stored == lost.step
+    assert won.step.args == stored.args == lost.step.args == args
+
+    await run_op(journal, kind, fail_op(journal, "s", "pay", "owner-a", "timeout"))
+    took = await run_op(
+        journal,
+        kind,
+        lambda: journal.ops.reclaim("s", "pay", seen_owner="owner-a", owner="owner-b", run_id="r"),
+    )
+    stored = await call(journal, "get_step", kind, "s", "pay")
+    assert took.owned and took.step == stored
+    assert (stored.owner, stored.status, stored.attempts, stored.run_id) == (
+        "owner-b",
+        "started",
+        2,
+        "r",
+    )
+
+
+@parametrize_kinds
 async def test_a_completed_step_is_never_overwritten(kind: str, saver: Any) -> None:
     journal = saver.journal
     first = await run_op(journal, kind, claim_op(journal, "s", "pay", "owner-a"))

@@ -396,7 +396,8 @@ class JournalOps:
         if ensure_run is not None and run_id is not None:
             yield from self.core._ensure_run(run_id, ensure_run, position)
         atype, adata = self.dump(args)
-        yield Query(
+        started_at = now()
+        inserted = yield Query(
             self.sql.CLAIM_STEP,
             (
                 scope,
@@ -407,12 +408,17 @@ class JournalOps:
                 effect,
                 idempotency_key,
                 owner,
-                now(),
+                started_at,
                 atype,
                 adata,
-            ),  # fmt: skip
+            ),
+            fetch=True,
         )
-        rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
+        if inserted:  # the row as inserted, in SELECT_STEP's columns
+            rows = [(scope, step_key, run_id, kind, name, effect, "started", idempotency_key, 1,
+                     owner, started_at, None, atype, adata, None, None, None, None)]  # fmt: skip
+        else:  # the step exists: as it is
+            rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         step = self._step(rows[0])
         owned = step.owner == owner and step.status == "started"
         if owned and event is not None:
@@ -430,8 +436,11 @@ class JournalOps:
         event: EventSpec | None = None,
     ) -> Operation[Claim]:
         """Take over a failed or unknown-outcome step from the owner seen, atomically."""
-        yield Query(self.sql.RECLAIM_STEP, (owner, now(), run_id, scope, step_key, seen_owner))
-        rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
+        rows = yield Query(
+            self.sql.RECLAIM_STEP, (owner, now(), run_id, scope, step_key, seen_owner), fetch=True
+        )
+        if not rows:  # another owner took it, or it completed: as it is
+            rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         step = self._step(rows[0])
         owned = step.owner == owner and step.status == "started"
         if owned and event is not None:
@@ -452,9 +461,8 @@ class JournalOps:
         ``interrupts``: how many interrupt() calls of its task the call made."""
         rtype, rdata = self.dump(result)
         query = (now(), rtype, rdata, interrupts or None, scope, step_key, owner)
-        yield Query(self.sql.COMPLETE_STEP, query)
-        rows = yield Query(self.sql.SELECT_STEP_OWNER, (scope, step_key), fetch=True)
-        done = bool(rows) and tuple(rows[0]) == (owner, "completed")
+        # A row back: it was ours and started, and is completed now.
+        done = bool((yield Query(self.sql.COMPLETE_STEP, query, fetch=True)))
         if done and event is not None:
             # The end event usually carries the result: serialized once, stored twice.
             yield from self.log(event, (rtype, rdata) if event.payload is result else None)

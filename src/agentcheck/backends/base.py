@@ -497,36 +497,35 @@ class SQL:
         "output_tokens, cost, payload_type, payload, error FROM agentcheck_events "
         "WHERE run_id = ? AND seq > ? ORDER BY seq"
     )
+    _STEP_COLUMNS = (
+        "scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
+        "owner, started_at, finished_at, args_type, args, result_type, result, error, "
+        "interrupts"
+    )
+    # A row comes back when the claim inserted one (none when the step existed): a claim
+    # is one statement, not an insert and a read.
     CLAIM_STEP = (
         "INSERT INTO agentcheck_steps (scope, step_key, run_id, kind, name, effect, status, "
         "idempotency_key, attempts, owner, started_at, args_type, args) "
-        "VALUES (?, ?, ?, ?, ?, ?, 'started', ?, 1, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+        "VALUES (?, ?, ?, ?, ?, ?, 'started', ?, 1, ?, ?, ?, ?) ON CONFLICT DO NOTHING "
+        "RETURNING owner"
     )
-    SELECT_STEP = (
-        "SELECT scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
-        "owner, started_at, finished_at, args_type, args, result_type, result, error, "
-        "interrupts FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
-    )
-    SELECT_STEP_OWNER = (
-        "SELECT owner, status FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
-    )
-    SELECT_STEPS = (
-        "SELECT scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
-        "owner, started_at, finished_at, args_type, args, result_type, result, error, "
-        "interrupts FROM agentcheck_steps"
-    )
+    # (Constant text joined: no input is formatted in.)
+    SELECT_STEPS = "SELECT " + _STEP_COLUMNS + " FROM agentcheck_steps"  # noqa: S608
+    SELECT_STEP = SELECT_STEPS + " WHERE scope = ? AND step_key = ?"
     # Take over a step from the owner we saw (compare-and-set on the owner), so two
     # workers recovering the same step cannot both run it.
     RECLAIM_STEP = (
-        "UPDATE agentcheck_steps SET status = 'started', attempts = attempts + 1, owner = ?, "
+        "UPDATE agentcheck_steps SET status = 'started', attempts = attempts + 1, owner = ?, "  # noqa: S608
         "started_at = ?, finished_at = NULL, error = NULL, run_id = ? "
-        "WHERE scope = ? AND step_key = ? AND owner = ? AND status <> 'completed'"
+        "WHERE scope = ? AND step_key = ? AND owner = ? AND status <> 'completed' "
+        "RETURNING " + _STEP_COLUMNS
     )
     # A completed step is never overwritten: only the owner of a started step finishes it.
     COMPLETE_STEP = (
         "UPDATE agentcheck_steps SET status = 'completed', finished_at = ?, result_type = ?, "
         "result = ?, interrupts = ? "
-        "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
+        "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started' RETURNING owner"
     )
     FAIL_STEP = (
         "UPDATE agentcheck_steps SET status = 'failed', finished_at = ?, error = ? "
