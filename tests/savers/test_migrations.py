@@ -350,11 +350,36 @@ def test_two_processes_set_up_a_fresh_postgres_database_at_once(pg_url: str) -> 
 
 
 def downgrade_to_version_2(kind: str, sqlite_path: str, pg_url: str) -> None:
-    """The database as version 2 left it: the columns of migrations 3 and 4 dropped and
-    their records deleted."""
+    """The database as version 2 left it: the columns of migrations 3 and 4 dropped, the
+    run index of version 1 back, and the later migrations' records deleted."""
     raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_checkpoints DROP COLUMN blob_keys")
     raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN interrupts")
+    raw_sql(kind, sqlite_path, pg_url, "DROP INDEX agentcheck_checkpoints_run_idx")
+    raw_sql(kind, sqlite_path, pg_url, RUN_INDEX_V1)
     raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version >= 3")
+
+
+RUN_INDEX_V1 = "CREATE INDEX agentcheck_checkpoints_run_idx ON agentcheck_checkpoints (run_id)"
+
+
+def run_index(kind: str, sqlite_path: str, pg_url: str) -> tuple[str, str]:
+    """The checkpoints' run index as the database defines it, and how it reads the
+    checkpoints of given runs (delete_for_runs' look-up)."""
+    select = "SELECT thread_id FROM agentcheck_checkpoints WHERE run_id IN ('r-1', 'r-2')"
+    if is_postgres(kind):
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            (definition,) = conn.execute(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'agentcheck_checkpoints_run_idx'"
+            ).fetchone()
+            conn.execute("SET enable_seqscan = off")  # a tiny table: the planner could scan
+            plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + select))
+        return definition, plan
+    with sqlite3.connect(sqlite_path) as conn:
+        (definition,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'agentcheck_checkpoints_run_idx'"
+        ).fetchone()
+        plan = "\n".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + select))
+    return definition, plan
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)
@@ -375,7 +400,7 @@ async def test_steps_completed_before_version_4_replay_after_the_upgrade(
             assert charge(5) == 5
     downgrade_to_version_2(kind, sqlite_path, pg_url)
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5]
         (step,) = upgraded.journal.steps(scope="order-1")
         assert (step.status, step.interrupts, step.result) == ("completed", 0, 5)
         with effect_scope(upgraded.journal, "order-1"):
@@ -398,7 +423,7 @@ async def test_a_version_2_database_is_upgraded_and_its_rows_read_back(
     downgrade_to_version_2(kind, sqlite_path, pg_url)
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5]
         keys = raw_sql(kind, sqlite_path, pg_url, "SELECT blob_keys FROM agentcheck_checkpoints")
         assert keys and all(k is None for (k,) in keys)
         assert await every_checkpoint(kind, upgraded, "chat") == before
@@ -441,10 +466,33 @@ async def test_an_upgrade_leaves_prepared_statements_working(
         upgraded = PostgresSaver(pool)
     try:
         await setup(kind, upgraded)
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5]
         graph = chat_graph().compile(checkpointer=upgraded)
         await run_chat(graph, kind, "chat", 6, start=2)
         state = await call(kind, graph, "get_state", {"configurable": {"thread_id": "chat"}})
         assert len(state.values["messages"]) == 12
     finally:
         await pool.close() if is_async(kind) else pool.close()
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_migration_5_leaves_checkpoints_without_a_run_out_of_the_run_index(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """The run index becomes partial (a put of a checkpoint without a run id writes no
+    entry), still serves delete_for_runs' look-up, which deletes exactly the runs asked."""
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        for thread, run_id in (("a", "r-1"), ("b", "r-2"), ("c", None), ("d", "r-3")):
+            metadata = {"source": "loop", "step": 1} | ({"run_id": run_id} if run_id else {})
+            saver.put(generate_config(thread), generate_checkpoint(), metadata, {})
+    downgrade_to_version_2(kind, sqlite_path, pg_url)
+    assert "WHERE" not in run_index(kind, sqlite_path, pg_url)[0]
+
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5]
+        definition, plan = run_index(kind, sqlite_path, pg_url)
+        assert "WHERE" in definition and "run_id IS NOT NULL" in definition
+        assert "agentcheck_checkpoints_run_idx" in plan, plan
+        upgraded.delete_for_runs(["r-1", "r-2"])
+        left = raw_sql(kind, sqlite_path, pg_url, "SELECT thread_id FROM agentcheck_checkpoints")
+        assert sorted(thread for (thread,) in left) == ["c", "d"]

@@ -608,12 +608,23 @@ _V3 = ("ALTER TABLE agentcheck_checkpoints ADD COLUMN blob_keys TEXT",)
 _V4 = ("ALTER TABLE agentcheck_steps ADD COLUMN interrupts INTEGER",)
 
 
+# Migration 5: the checkpoints' run index leaves out checkpoints without a run id (most
+# LangGraph metadata has none): a put of one then writes one B-tree page less (SQLite)
+# or one index entry less (PostgreSQL). delete_for_runs looks up given run ids, which
+# the partial index serves (``run_id IN (...)`` implies ``run_id IS NOT NULL``).
+_V5 = (
+    "DROP INDEX IF EXISTS agentcheck_checkpoints_run_idx",
+    "CREATE INDEX IF NOT EXISTS agentcheck_checkpoints_run_idx"
+    " ON agentcheck_checkpoints (run_id) WHERE run_id IS NOT NULL",
+)
+
+
 def portable_migrations(blob_type: str, serial_type: str) -> tuple[tuple[str, ...], ...]:
     """The migrations shared by both databases, given the binary column type and the
     type of an auto-assigned integer primary key."""
     return tuple(
         tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
-        for migration in (_V1, _V2, _V3, _V4)
+        for migration in (_V1, _V2, _V3, _V4, _V5)
     )
 
 

@@ -110,14 +110,14 @@ _UNIT_SEPARATOR = chr(31)
 
 
 def _in_do_block(statement: str) -> str:
-    """An ALTER statement run from a DO block. psycopg forgets its prepared statements
+    """An ALTER or DROP statement run from a DO block. psycopg forgets its prepared statements
     when a statement's status is ALTER (or DROP), and tells the server to as well
     (DEALLOCATE ALL) with its next command: in pipeline mode, after the statement it
     prepares in that command. The saver's next write then names a statement the server
     no longer has, on every call (seen with prepare_threshold=0, as LangGraph's docs
     advise). A DO block's status is DO; PostgreSQL itself replans prepared statements
     after a change of the tables they use."""
-    if not statement.startswith("ALTER "):
+    if not statement.startswith(("ALTER ", "DROP ")):
         return statement
     return "DO $$ BEGIN " + statement + "; END $$"
 
