@@ -184,9 +184,13 @@ def effect_scope(journal: Journal, scope: str, *, run_id: str | None = None) -> 
     """Protect calls made outside a framework: calls inside are keyed by their ordinal.
 
     Run the same code again in the same scope (after a crash) and the calls line up with
-    the recorded ones in order. Use one scope per logical run.
+    the recorded ones in order. Use one scope per logical run. ``scope`` and ``run_id``
+    are stored as text (``str()`` of what is given).
     """
-    token = _explicit.set(CallContext(journal=journal, scope=scope, key_prefix="", run_id=run_id))
+    # Stored as text: an order number given as an int names the same scope as its text.
+    run_id = None if run_id is None else str(run_id)
+    context = CallContext(journal=journal, scope=str(scope), key_prefix="", run_id=run_id)
+    token = _explicit.set(context)
     try:
         yield
     finally:

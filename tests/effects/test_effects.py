@@ -1702,6 +1702,24 @@ async def test_with_a_non_agentcheck_saver_every_call_runs_with_one_warning(
 
 
 @parametrize_kinds
+async def test_an_effect_scope_given_as_a_number_is_its_text(kind: str, saver: Any) -> None:
+    """An order number given as an int names the same scope as its text: the step is
+    stored under "42", replays under 42 or "42", and what a claim returns is the row."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    async def pay(scope: Any, amount: int) -> Any:
+        with effect_scope(saver.journal, scope, run_id=7):  # type: ignore[arg-type]
+            return await charge(amount) if is_async(kind) else charge(amount)
+
+    first = await pay(42, 5)
+    assert await pay(42, 6) == first == await pay("42", 7)
+    assert calls == [5]
+    (step,) = await call(saver.journal, "steps", kind, scope="42")
+    assert (step.scope, step.run_id, step.status) == ("42", "7", "completed")
+
+
+@parametrize_kinds
 async def test_effect_scope_journals_by_ordinal_and_replays_in_order(kind: str, saver: Any) -> None:
     calls: list[int] = []
     charge = charge_fn(kind, calls)

@@ -7,7 +7,7 @@ import enum
 import operator
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypedDict
 
 import psycopg
@@ -867,3 +867,45 @@ def test_a_message_list_read_by_another_serializer_uses_its_allowlist(sqlite_pat
         assert read[0].additional_kwargs == {"tone": Tone.CALM}
     [(type_,)] = raw_sql("sqlite", sqlite_path, "", "SELECT type FROM agentcheck_blobs")
     assert type_ == MESSAGE_LIST
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_a_write_inside_the_callers_own_pipeline_fails_in_the_call(
+    pg_url: str, asynchronous: bool
+) -> None:
+    """On a connection the caller has put in pipeline mode, a write's error still comes
+    out of the saver's call, and its OnCommit callbacks do not run: a lone statement sent
+    there would only be answered at the caller's sync."""
+    from agentcheck.savers import AsyncPostgresSaver, PostgresSaver
+
+    committed: list[str] = []
+
+    def duplicate(saver: Any) -> Callable[[], Any]:
+        row = ("t-dup", "", "cp-1", None, None, "msgpack", b"\x80", "msgpack", b"\x80", None)
+        insert = saver.sql.UPSERT_CHECKPOINT.split(" ON CONFLICT")[0]  # a plain insert
+
+        def op() -> Any:
+            yield Query(insert, row)
+            yield OnCommit(lambda: committed.append("callback"))
+
+        return op
+
+    if asynchronous:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as aconn:
+            asaver = AsyncPostgresSaver(aconn)
+            await asaver.setup()
+            await asaver.arun_op(duplicate(asaver), write=True)  # the row, once
+            async with aconn.pipeline():
+                with pytest.raises(psycopg.errors.UniqueViolation):
+                    await asaver.arun_op(duplicate(asaver), write=True)
+            assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    else:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            saver = PostgresSaver(conn)
+            saver.setup()
+            saver.run_op(duplicate(saver), write=True)
+            with conn.pipeline():
+                with pytest.raises(psycopg.errors.UniqueViolation):
+                    saver.run_op(duplicate(saver), write=True)
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert committed == ["callback"]

@@ -179,12 +179,18 @@ class _Attempt:
 
     outer: bool
     explicit: bool
+    # Statements sent outside pipeline mode unless several go together (see _pipeline):
+    # a write framed by its own BEGIN/COMMIT, on a connection not in the caller's own
+    # pipeline (where a lone statement's error would only come at the caller's sync).
+    lazy: bool
     callbacks: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
     def on(cls, conn: Any, write: bool) -> _Attempt:
         outer = _in_transaction(conn)
-        return cls(outer, write and conn.autocommit and not outer)
+        explicit = write and conn.autocommit and not outer
+        lazy = explicit and conn.pgconn.pipeline_status == _psycopg().pq.PipelineStatus.OFF
+        return cls(outer, explicit, lazy)
 
     def must_roll_back(self, conn: Any) -> bool:
         """After an error: whether our own transaction is still open on the server."""
@@ -240,11 +246,11 @@ class SyncRunner:
                     attempt = _Attempt.on(conn, write)
                     try:
                         with (
-                            _pipeline(conn, write, attempt.explicit),
+                            _pipeline(conn, write, attempt.lazy),
                             _transaction(conn, write, attempt.explicit),
                             _cursor(conn) as cur,
                         ):
-                            statements = _Statements(conn, cur, write and not attempt.explicit)
+                            statements = _Statements(conn, cur, write and not attempt.lazy)
                             result = drive(
                                 _framed(make_op, attempt.explicit),
                                 statements.execute,
@@ -296,11 +302,11 @@ class AsyncRunner:
                     attempt = _Attempt.on(conn, write)
                     try:
                         async with (
-                            _pipeline(conn, write, attempt.explicit),
+                            _pipeline(conn, write, attempt.lazy),
                             _transaction(conn, write, attempt.explicit),
                             _cursor(conn) as cur,
                         ):
-                            statements = _AsyncStatements(conn, cur, write and not attempt.explicit)
+                            statements = _AsyncStatements(conn, cur, write and not attempt.lazy)
                             result = await adrive(
                                 _framed(make_op, attempt.explicit),
                                 statements.execute,
@@ -323,15 +329,16 @@ class AsyncRunner:
         raise AssertionError("unreachable")
 
 
-def _pipeline(conn: Any, write: bool, explicit: bool) -> Any:
-    """Pipeline mode for a write in psycopg's transaction block (a connection not in
-    autocommit, or a savepoint in the caller's transaction): its BEGIN and COMMIT then go
-    out without waiting for the server. A write framed by :func:`_framed` enters it only
-    for a burst of several statements (see :class:`_Statements`): a lone statement sent
-    outside it is one round trip without the pipeline's own sync, about 20 us less per
-    write. A read waits for each answer anyway, and leaving pipeline mode costs one more
-    round trip (its final sync)."""
-    return conn.pipeline() if write and not explicit else contextlib.nullcontext()
+def _pipeline(conn: Any, write: bool, lazy: bool) -> Any:
+    """Pipeline mode for a write: its statements go out without waiting for each answer
+    (in psycopg's transaction block, its BEGIN and COMMIT too). A ``lazy`` write (see
+    _Attempt) enters it only for a burst of several statements (see :class:`_Statements`):
+    a lone statement sent outside it (the joined put, a put_writes) is one round trip
+    without the pipeline's own sync, about 20 us less per write. (One more round trip,
+    once per statement shape and connection, when psycopg prepares it: outside pipeline
+    mode it waits for the Parse.) A read waits for each answer anyway, and leaving
+    pipeline mode costs one more round trip (its final sync)."""
+    return conn.pipeline() if write and not lazy else contextlib.nullcontext()
 
 
 def _transaction(conn: Any, write: bool, explicit: bool) -> Any:
