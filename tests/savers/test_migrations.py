@@ -20,6 +20,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from agentcheck import SchemaVersionError, effect_scope, side_effect
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends import sqlite as sqlite_backend
+from agentcheck.backends.base import SQL
 from agentcheck.savers import AsyncPostgresSaver, AsyncSqliteSaver, PostgresSaver, SqliteSaver
 
 from savers_support import (
@@ -365,20 +366,23 @@ RUN_INDEX_V1 = "CREATE INDEX agentcheck_checkpoints_run_idx ON agentcheck_checkp
 def run_index(kind: str, sqlite_path: str, pg_url: str) -> tuple[str, str]:
     """The checkpoints' run index as the database defines it, and how it reads the
     checkpoints of given runs (delete_for_runs' look-up)."""
-    select = "SELECT thread_id FROM agentcheck_checkpoints WHERE run_id IN ('r-1', 'r-2')"
+    # delete_for_runs' own look-up, with its placeholders.
+    select = SQL.SELECT_RUN_CHECKPOINTS.format(runs="?, ?")
+    runs = ("r-1", "r-2")
     if is_postgres(kind):
         with psycopg.connect(pg_url, autocommit=True) as conn:
             (definition,) = conn.execute(
                 "SELECT indexdef FROM pg_indexes WHERE indexname = 'agentcheck_checkpoints_run_idx'"
             ).fetchone()
             conn.execute("SET enable_seqscan = off")  # a tiny table: the planner could scan
-            plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + select))
+            explain = "EXPLAIN " + select.replace("?", "%s")
+            plan = "\n".join(row[0] for row in conn.execute(explain, runs))
         return definition, plan
     with sqlite3.connect(sqlite_path) as conn:
         (definition,) = conn.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'agentcheck_checkpoints_run_idx'"
         ).fetchone()
-        plan = "\n".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + select))
+        plan = "\n".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + select, runs))
     return definition, plan
 
 
