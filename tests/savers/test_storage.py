@@ -909,3 +909,39 @@ async def test_a_write_inside_the_callers_own_pipeline_fails_in_the_call(
                     saver.run_op(duplicate(saver), write=True)
             assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert committed == ["callback"]
+
+
+def test_a_filtered_list_keeps_its_generic_plan_on_postgres(pg_url: str) -> None:
+    """A filtered list asked again and again is planned once per connection, not at each
+    call (its planning cost more than running it). PostgreSQL keeps a prepared
+    statement's generic plan only if it looks no costlier than the plans made for the
+    values given; a LIMIT it could not see made it re-plan every time."""
+    from agentcheck.savers import PostgresSaver
+
+    # Every statement prepared at once (as LangGraph's docs advise): the server counts
+    # each prepared statement's generic and custom plans.
+    with psycopg.connect(pg_url, autocommit=True, prepare_threshold=0) as conn:
+        saver = PostgresSaver(conn)
+        saver.setup()
+        for i in range(60):
+            metadata: Any = {"source": "loop", "step": i, "user": f"u-{i % 3}"}
+            config: Any = {"configurable": {"thread_id": f"t-{i % 4}", "checkpoint_ns": ""}}
+            saver.put(config, generate_checkpoint(), metadata, {})
+        # The index of a database in use: many more terms, of other checkpoints.
+        conn.execute(
+            "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
+            "SELECT 'other-' || (g % 1000), '', 'cp-' || g, '[\"step\"]=' || (g % 500) "
+            "FROM generate_series(1, 100000) AS g"
+        )
+        conn.execute("ANALYZE")
+        for _ in range(12):
+            found = list(saver.list(None, filter={"user": "u-1", "step": 4}, limit=5))
+            assert [t.metadata["step"] for t in found] == [4]
+            assert len(list(saver.list(None, filter={"user": "u-2"}, limit=5))) == 5
+        plans = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%' || 'agentcheck_metadata_terms' || ' t0%'"
+        ).fetchall()
+    assert len(plans) == 2, plans  # the two filters' statements
+    # At most the 5 custom plans PostgreSQL makes before it compares; the rest generic.
+    assert all(custom <= 5 and generic >= 7 for generic, custom in plans), plans
