@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast, overload
 
 from agentcheck._errors import AgentcheckError
-from agentcheck.journal import Claim, Effect, EventSpec, Journal, Step, new_owner
+from agentcheck.journal import Claim, Effect, EventSpec, Journal, Step, key_text, new_owner
 
 __all__ = [
     "CallContext",
@@ -185,11 +185,12 @@ def effect_scope(journal: Journal, scope: str, *, run_id: str | None = None) -> 
 
     Run the same code again in the same scope (after a crash) and the calls line up with
     the recorded ones in order. Use one scope per logical run. ``scope`` and ``run_id``
-    are stored as text (``str()`` of what is given).
+    are stored as text: an order number or a UUID as its text (``42`` and ``"42"`` are
+    one scope); None or bytes raise ``TypeError``.
     """
-    # Stored as text: an order number given as an int names the same scope as its text.
-    run_id = None if run_id is None else str(run_id)
-    context = CallContext(journal=journal, scope=str(scope), key_prefix="", run_id=run_id)
+    run_id = None if run_id is None else key_text(run_id, "run_id")
+    scope = key_text(scope, "effect_scope's scope")
+    context = CallContext(journal=journal, scope=scope, key_prefix="", run_id=run_id)
     token = _explicit.set(context)
     try:
         yield

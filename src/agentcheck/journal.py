@@ -47,6 +47,21 @@ Effect = Literal["pure", "idempotent", "side_effect"]
 _REPR = "repr"  # type tag of a payload stored as its repr() because it could not be serialized
 
 
+def key_text(value: object, what: str) -> str:
+    """A scope or run id as the text it is stored as: a ``str`` as it is (a subclass, such
+    as an enum of strings, by its string value), a number or a UUID as ``str()`` gives it.
+    None and bytes are refused: ``str()`` would make ``"None"`` or ``"b'...'"`` of them, one
+    key shared by every caller that passed them."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if value is None or isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(
+            f"{what} must be text (a number or a UUID is stored as its text), "
+            f"not {type(value).__name__}"
+        )
+    return str(value)
+
+
 def now() -> str:
     """Current UTC time, ISO 8601 (sorts as text on both databases)."""
     return datetime.now(timezone.utc).isoformat()
@@ -485,6 +500,7 @@ class JournalOps:
     # -- reads ------------------------------------------------------------------------
 
     def get_step(self, scope: str, step_key: str) -> Operation[Step | None]:
+        scope = key_text(scope, "scope")
         rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         return self._step(rows[0]) if rows else None
 
@@ -528,10 +544,10 @@ class JournalOps:
         params: list[Any] = []
         if run_id is not None:
             where.append("run_id = ?")
-            params.append(run_id)
+            params.append(key_text(run_id, "run_id"))
         if scope is not None:
             where.append("scope = ?")
-            params.append(scope)
+            params.append(key_text(scope, "scope"))
         if status:
             where.append(f"status IN ({in_list(len(status))})")
             params.extend(status)

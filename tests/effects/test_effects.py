@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import inspect
 import logging
 import operator
@@ -1717,6 +1718,22 @@ async def test_an_effect_scope_given_as_a_number_is_its_text(kind: str, saver: A
     assert calls == [5]
     (step,) = await call(saver.journal, "steps", kind, scope="42")
     assert (step.scope, step.run_id, step.status) == ("42", "7", "completed")
+    # The journal's reads take the number too.
+    assert await call(saver.journal, "steps", kind, scope=42, run_id=7) == [step]
+    assert await call(saver.journal, "get_step", kind, 42, step.step_key) == step
+
+    # A string enum is its value, as the drivers store it (str() would give "Shop.EU").
+    class Shop(str, enum.Enum):
+        EU = "shop-eu"
+
+    await pay(Shop.EU, 8)
+    assert await pay("shop-eu", 9) == {"charged": 8, "run": 2}
+    assert calls == [5, 8]
+    # None and bytes would each become one key shared by every caller: refused.
+    for bad in (None, b"order-1"):
+        with pytest.raises(TypeError, match="scope must be text"):
+            await pay(bad, 10)
+    assert calls == [5, 8]
 
 
 @parametrize_kinds

@@ -945,3 +945,40 @@ def test_a_filtered_list_keeps_its_generic_plan_on_postgres(pg_url: str) -> None
     assert len(plans) == 2, plans  # the two filters' statements
     # At most the 5 custom plans PostgreSQL makes before it compares; the rest generic.
     assert all(custom <= 5 and generic >= 7 for generic, custom in plans), plans
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_a_write_joins_a_transaction_the_caller_began_in_its_own_pipeline(
+    pg_url: str, asynchronous: bool
+) -> None:
+    """A BEGIN the caller has queued in its pipeline is a transaction of the caller's: the
+    saver's write joins it (a savepoint), and the caller's ROLLBACK takes it back. While
+    queued, the connection reads ACTIVE, not in a transaction: the saver syncs first."""
+    from agentcheck.savers import AsyncPostgresSaver, PostgresSaver
+
+    config: Any = {"configurable": {"thread_id": "t-pipe", "checkpoint_ns": ""}}
+    # A graph's last checkpoint: its run ends in the journal, so the put is several
+    # statements, framed by BEGIN and COMMIT unless a transaction is open.
+    meta: Any = {"source": "loop", "step": 3}
+    if asynchronous:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as aconn:
+            asaver = AsyncPostgresSaver(aconn)
+            await asaver.setup()
+            async with aconn.pipeline():
+                await aconn.execute("BEGIN")
+                await asaver.aput(config, generate_checkpoint(), meta, {})
+                await aconn.execute("ROLLBACK")
+            assert await asaver.aget_tuple(config) is None
+            await asaver.aput(config, generate_checkpoint(), meta, {})  # and it goes on
+            assert await asaver.aget_tuple(config) is not None
+    else:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            saver = PostgresSaver(conn)
+            saver.setup()
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                saver.put(config, generate_checkpoint(), meta, {})
+                conn.execute("ROLLBACK")
+            assert saver.get_tuple(config) is None
+            saver.put(config, generate_checkpoint(), meta, {})
+            assert saver.get_tuple(config) is not None

@@ -187,10 +187,11 @@ class _Attempt:
 
     @classmethod
     def on(cls, conn: Any, write: bool) -> _Attempt:
+        """How to run on ``conn``; in the caller's pipeline, only once it has synced (a
+        BEGIN still queued there leaves the transaction status ACTIVE, not INTRANS)."""
         outer = _in_transaction(conn)
         explicit = write and conn.autocommit and not outer
-        lazy = explicit and conn.pgconn.pipeline_status == _psycopg().pq.PipelineStatus.OFF
-        return cls(outer, explicit, lazy)
+        return cls(outer, explicit, explicit and not _in_pipeline(conn))
 
     def must_roll_back(self, conn: Any) -> bool:
         """After an error: whether our own transaction is still open on the server."""
@@ -242,6 +243,9 @@ class SyncRunner:
             conn = None
             try:
                 with self._connection() as conn:
+                    if _in_pipeline(conn):
+                        with conn.pipeline() as pipeline:
+                            pipeline.sync()  # the caller's BEGIN may be queued there
                     # A write is one round trip (see _Statements and _framed).
                     attempt = _Attempt.on(conn, write)
                     try:
@@ -299,6 +303,9 @@ class AsyncRunner:
             conn = None
             try:
                 async with self._connection() as conn:
+                    if _in_pipeline(conn):
+                        async with conn.pipeline() as pipeline:
+                            await pipeline.sync()
                     attempt = _Attempt.on(conn, write)
                     try:
                         async with (
@@ -479,6 +486,11 @@ _PLAIN_DELETE = re.compile(r"DELETE FROM (\w+) WHERE ")
 _TABLE = re.compile(r"\bagentcheck_\w+")  # every table agentcheck's SQL names
 _DML = ("WITH ", "INSERT ", "UPDATE ", "DELETE ", "SELECT ")
 _OUR_CTE = re.compile(r"\bs\d+\s*(\(|AS\b)", re.I)  # a name the joined parts take
+
+
+def _in_pipeline(conn: Any) -> bool:
+    """Whether the caller has put the connection in pipeline mode."""
+    return bool(conn.pgconn.pipeline_status != _psycopg().pq.PipelineStatus.OFF)
 
 
 def _in_transaction(conn: Any) -> bool:

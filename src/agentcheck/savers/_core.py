@@ -586,7 +586,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             # A literal, not a placeholder: PostgreSQL estimates a LIMIT it cannot see as a
             # tenth of the rows, so it re-planned a filtered list at every call (120 us,
             # more than running it) rather than keep its generic plan. int() leaves
-            # nothing but digits to put in the text.
+            # nothing but digits and a sign to put in the text.
             sql += f" LIMIT {int(limit)}"
         if terms:
             sql = self.sql.LIST_SELECT + self.sql.LIST_IN_KEYS.format(keys=sql)
