@@ -548,15 +548,17 @@ async def test_a_resume_sent_to_a_finished_thread_leaves_its_run_as_it_was(
     assert await run_of(saver, kind) == ("succeeded", 1)
 
 
+@task
+def risky(x: int) -> int:
+    """A functional-API task that always fails (its callers catch it, or not)."""
+    raise RuntimeError("risky failed")
+
+
 @parametrize_kinds
 async def test_a_task_error_its_entrypoint_catches_does_not_fail_the_run(
     kind: str, saver: Any
 ) -> None:
     """Functional API: a @task's error, caught by the entrypoint that called it."""
-
-    @task
-    def risky(x: int) -> int:
-        raise RuntimeError("risky failed")
 
     @task
     def fine(x: int) -> int:
@@ -617,10 +619,6 @@ async def test_retrying_a_workflow_whose_task_failed_starts_before_the_task_runs
 async def test_a_task_error_caught_by_a_node_reached_through_send_does_not_fail_the_run(
     kind: str, saver: Any
 ) -> None:
-    @task
-    def risky(x: int) -> int:
-        raise RuntimeError("risky failed")
-
     def work(arg: dict[str, Any]) -> Joined:
         try:
             risky(1).result()

@@ -429,16 +429,10 @@ class JournalOps:
             ),
             fetch=True,
         )
-        if inserted:  # the row as inserted, in SELECT_STEP's columns
-            rows = [(scope, step_key, run_id, kind, name, effect, "started", idempotency_key, 1,
-                     owner, started_at, None, atype, adata, None, None, None, None)]  # fmt: skip
-        else:  # the step exists: as it is
-            rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
-        step = self._step(rows[0])
-        owned = step.owner == owner and step.status == "started"
-        if owned and event is not None:
-            yield from self.log(event)
-        return Claim(step, owned)
+        # The row as inserted, in SELECT_STEP's columns; none if the step existed.
+        row = (scope, step_key, run_id, kind, name, effect, "started", idempotency_key, 1,
+               owner, started_at, None, atype, adata, None, None, None, None)  # fmt: skip
+        return (yield from self._claimed([row] if inserted else [], scope, step_key, owner, event))
 
     def reclaim(
         self,
@@ -454,7 +448,15 @@ class JournalOps:
         rows = yield Query(
             self.sql.RECLAIM_STEP, (owner, now(), run_id, scope, step_key, seen_owner), fetch=True
         )
-        if not rows:  # another owner took it, or it completed: as it is
+        return (yield from self._claimed(rows, scope, step_key, owner, event))
+
+    def _claimed(
+        self, rows: Rows, scope: str, step_key: str, owner: str, event: EventSpec | None
+    ) -> Operation[Claim]:
+        """The claim a claim or a take-over made: the step as its statement returned it,
+        or, when it returned none (another owner has it, or it is done), as it is; the
+        start event appended when it is ours."""
+        if not rows:
             rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         step = self._step(rows[0])
         owned = step.owner == owner and step.status == "started"

@@ -345,7 +345,7 @@ def _pipeline(conn: Any, write: bool, lazy: bool) -> Any:
     once per statement shape and connection, when psycopg prepares it: outside pipeline
     mode it waits for the Parse.) A read waits for each answer anyway, and leaving
     pipeline mode costs one more round trip (its final sync)."""
-    return conn.pipeline() if write and not lazy else contextlib.nullcontext()
+    return conn.pipeline() if write and not lazy else _NO_BLOCK
 
 
 def _transaction(conn: Any, write: bool, explicit: bool) -> Any:
@@ -353,9 +353,9 @@ def _transaction(conn: Any, write: bool, explicit: bool) -> Any:
     for a write framed by :func:`_framed` and for a read on an autocommit connection,
     which needs none: under READ COMMITTED each statement sees its own snapshot anyway.
     (Without a block psycopg would leave a transaction open on a connection not in
-    autocommit. ``nullcontext`` works with ``with`` and ``async with`` alike.)"""
+    autocommit.)"""
     if explicit or (conn.autocommit and not write):
-        return contextlib.nullcontext()
+        return _NO_BLOCK
     return conn.transaction()
 
 
@@ -520,6 +520,11 @@ class _Held:
         self.held: list[tuple[Query, Any]] = []  # (statement, cursor to send it on)
         self.late: list[tuple[Any, Rows]] = []  # (cursor, rows) of Later statements
 
+    def _burst(self, statements: int) -> Any:
+        """The block to send that many statements in: a pipeline of their own when they
+        are several and the operation is not in one already (``with`` or ``async with``)."""
+        return self.conn.pipeline() if statements > 1 and not self.pipelined else _NO_BLOCK
+
     def take_held(self) -> list[tuple[Query, Any]]:
         """The held statements, to send now.
 
@@ -576,7 +581,7 @@ class _Statements(_Held):
         # cursor's fetchall() may still hold an earlier statement's result: a statement
         # whose rows we read gets a cursor of its own.
         with _cursor(self.conn) as own:
-            with self.conn.pipeline() if not self.pipelined else _NO_BLOCK:
+            with self._burst(len(held) + 1):
                 for held_query, cur in held:
                     _send(cur, held_query)
                 own.execute(_pg(query.sql), tuple(query.params), binary=True)
@@ -600,8 +605,7 @@ class _Statements(_Held):
 
     def flush(self) -> None:
         held = self.take_held()
-        # Several statements outside pipeline mode go out in a burst of their own.
-        with self.conn.pipeline() if len(held) > 1 and not self.pipelined else _NO_BLOCK:
+        with self._burst(len(held)):
             for query, cur in held:
                 _send(cur, query)
 
@@ -631,7 +635,7 @@ class _AsyncStatements(_Held):
             await self.cur.execute(_pg(query.sql), tuple(query.params), binary=True)
             return await self.cur.fetchall()  # type: ignore[no-any-return]
         async with _cursor(self.conn) as own:
-            async with self.conn.pipeline() if not self.pipelined else _NO_BLOCK:
+            async with self._burst(len(held) + 1):
                 for held_query, cur in held:
                     await _send(cur, held_query)
                 await own.execute(_pg(query.sql), tuple(query.params), binary=True)
@@ -652,7 +656,7 @@ class _AsyncStatements(_Held):
 
     async def flush(self) -> None:
         held = self.take_held()
-        async with self.conn.pipeline() if len(held) > 1 and not self.pipelined else _NO_BLOCK:
+        async with self._burst(len(held)):
             for query, cur in held:
                 await _send(cur, query)
 

@@ -136,15 +136,17 @@ class SyncSaver(RetentionCore):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Store a checkpoint; values are written only for the channels in ``new_versions``."""
+
+        def put() -> Operation[RunnableConfig]:
+            return self._put(config, checkpoint, metadata, new_versions)
+
         with self._thread_locks[_stripe(config["configurable"]["thread_id"])]:
             try:
-                return self._call(
-                    lambda: self._put(config, checkpoint, metadata, new_versions), True
-                )
+                return self._call(put, True)
             except Exception as exc:
                 if not self._retry_stale(exc, config):
                     raise
-            return self._call(lambda: self._put(config, checkpoint, metadata, new_versions), True)
+            return self._call(put, True)  # again, every value stored whole
 
     def put_writes(
         self,
@@ -323,17 +325,17 @@ class AsyncSaver(RetentionCore):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """Store a checkpoint; values are written only for the channels in ``new_versions``."""
+
+        def put() -> Operation[RunnableConfig]:
+            return self._put(config, checkpoint, metadata, new_versions)
+
         async with self._thread_lock(config):
             try:
-                return await self._call(
-                    lambda: self._put(config, checkpoint, metadata, new_versions), True
-                )
+                return await self._call(put, True)
             except Exception as exc:
                 if not self._retry_stale(exc, config):
                     raise
-            return await self._call(
-                lambda: self._put(config, checkpoint, metadata, new_versions), True
-            )
+            return await self._call(put, True)  # again, every value stored whole
 
     async def aput_writes(
         self,
