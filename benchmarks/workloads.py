@@ -7,12 +7,13 @@ import os
 import random
 import sqlite3
 import statistics
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import psycopg
 from langchain_core.language_models import BaseChatModel
@@ -27,13 +28,26 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.types import Durability
 
 from agentcheck import side_effect
 from agentcheck.adapters.langgraph import durable_model
 
 from data import ChatThread, MessageCorpus, new_checkpoint_id
-from harness import IMPLS, Databases, Db, Impl, Progress, Store, interleaved, timed_ms
+from harness import (
+    IMPLS,
+    POOL_MAX_SIZE,
+    Databases,
+    Db,
+    Impl,
+    Progress,
+    Store,
+    _pool,
+    interleaved,
+    open_official_sqlite,
+    timed_ms,
+)
 from report import Row, Summary, Target
 
 __all__ = [
@@ -478,29 +492,159 @@ class NullSaver(BaseCheckpointSaver[int]):  # the base class's own (int) version
         return None
 
 
+class FloorSaver(BaseCheckpointSaver[int]):
+    """The least a durable checkpointer can do: each put and each put_writes serializes
+    what it is given (LangGraph's own serializer, as the official savers do) and stores
+    it as rows of one INSERT, committed; nothing is indexed, journaled, compared or read
+    back. ``store(rows)`` inserts ``(thread_id, checkpoint_id, data)`` rows and commits.
+    What a graph costs with it is what any saver with the same durability pays at least
+    (on a state this small, storing the checkpoint whole is no waste)."""
+
+    def __init__(self, store: Callable[[list[tuple[str, str, bytes]]], None]) -> None:
+        super().__init__()
+        self.store = store
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return None  # every run is a new thread
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        thread_id = config["configurable"]["thread_id"]
+        data = self.serde.dumps_typed(checkpoint)[1] + self.serde.dumps_typed(metadata)[1]
+        self.store([(thread_id, checkpoint["id"], data)])
+        return thread_config(thread_id, checkpoint["id"])
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        configurable = config["configurable"]
+        thread_id, checkpoint_id = configurable["thread_id"], configurable["checkpoint_id"]
+        self.store(
+            [(thread_id, checkpoint_id, self.serde.dumps_typed(value)[1]) for _, value in writes]
+        )
+
+
+@contextmanager
+def floor_saver(ctx: Context, db: Db) -> Iterator[FloorSaver]:
+    """A FloorSaver on a database of its own, with the durability settings both savers
+    have (SQLite: WAL, synchronous=FULL; PostgreSQL: the same pool settings)."""
+    insert = "INSERT INTO floor (thread_id, checkpoint_id, data) VALUES "
+    create = "CREATE TABLE floor (thread_id TEXT, checkpoint_id TEXT, data {})"
+    if db == "sqlite":
+        conn = open_official_sqlite(ctx.databases.tmp / f"floor-{uuid.uuid4().hex}.db")
+        conn.isolation_level = None
+        conn.execute(create.format("BLOB"))
+        lock = threading.Lock()
+
+        def sqlite_store(rows: list[tuple[str, str, bytes]]) -> None:
+            with lock:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(insert + ", ".join(["(?, ?, ?)"] * len(rows)), _flat(rows))
+                conn.execute("COMMIT")
+
+        try:
+            yield FloorSaver(sqlite_store)
+        finally:
+            conn.close()
+        return
+    assert ctx.databases.pg is not None
+    url = ctx.databases.pg.create_database("bench_floor_saver")
+    pool = _pool(url, POOL_MAX_SIZE)
+    try:
+        with pool.connection() as pg:
+            pg.execute(create.format("BYTEA"))
+
+        def pg_store(rows: list[tuple[str, str, bytes]]) -> None:
+            # One statement in autocommit mode: one round trip, committed.
+            with pool.connection() as pg:
+                pg.execute(insert + ", ".join(["(%s, %s, %s)"] * len(rows)), _flat(rows))
+
+        yield FloorSaver(pg_store)
+    finally:
+        pool.close()
+        ctx.databases.pg.drop_database(url)
+
+
+def _flat(rows: list[tuple[str, str, bytes]]) -> list[Any]:
+    return [value for row in rows for value in row]
+
+
+def chat_graph(corpus: MessageCorpus, nodes: int) -> tuple[StateGraph[Chat], Chat]:
+    """A line of ``nodes`` nodes on a chat state (LangGraph's ``add_messages``), each
+    appending one ~1.1 KB reply, and its input: the 50 messages (~57 KB) of the chat
+    workload."""
+    builder: StateGraph[Chat] = StateGraph(Chat)
+    previous = START
+    for i in range(nodes):
+        reply = AIMessage(content=corpus.text(10_000 + i), id=f"reply-{i}")
+        builder.add_node(f"n{i}", partial(_reply, reply))
+        builder.add_edge(previous, f"n{i}")
+        previous = f"n{i}"
+    builder.add_edge(previous, END)
+    return builder, {"messages": corpus.window(WINDOW, WINDOW)}
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[BaseMessage], add_messages]
+
+
+def _reply(reply: AIMessage, state: Chat) -> Chat:
+    return {"messages": [reply]}
+
+
 def _end_to_end_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
-    reps, warmup = ctx.scale(150, 40), 5
-    builder = linear_graph(E2E_NODES)
+    with floor_saver(ctx, db) as floor:
+        rows = _graph_end_to_end(
+            ctx, db, stores, "e2e", linear_graph(E2E_NODES), {"count": 0}, floor, "sync"
+        )
+    builder, state = chat_graph(ctx.corpus, E2E_NODES)
+    return rows + _graph_end_to_end(ctx, db, stores, "e2e-chat", builder, state, None, None)
+
+
+def _graph_end_to_end(
+    ctx: Context,
+    db: Db,
+    stores: dict[Impl, Store],
+    workload: str,
+    builder: StateGraph[Any],
+    state: Any,
+    floor: FloorSaver | None,
+    floor_mode: Durability | None,
+) -> list[Row]:
+    """Rows of ``ms added per super-step`` for each durability mode; with a FloorSaver,
+    what it adds in ``floor_mode`` too."""
+    reps, warmup = ctx.scale(150, 40) if floor else ctx.scale(60, 20), 5
     graphs = {
         "none": builder.compile(),
         "null": builder.compile(checkpointer=NullSaver()),
         "agentcheck": builder.compile(checkpointer=stores["agentcheck"].saver),
         "official": builder.compile(checkpointer=stores["official"].saver),
     }
-    names = tuple(graphs)
     rows: list[Row] = []
     for mode in DURABILITIES:
-        ctx.log(f"e2e/{db}: durability={mode}")
+        ctx.log(f"{workload}/{db}: durability={mode}")
+        with_floor = floor is not None and mode == floor_mode
+        if with_floor:
+            graphs["floor"] = builder.compile(checkpointer=floor)
+        names = tuple(graphs)
         samples: dict[str, list[float]] = {name: [] for name in names}
         for r, name in interleaved(warmup + reps, names):
-            config: RunnableConfig = {"configurable": {"thread_id": f"{mode}-{r}"}}
+            config: RunnableConfig = {"configurable": {"thread_id": f"{workload}-{mode}-{r}"}}
             # Without a checkpointer durability means nothing (and LangGraph refuses "sync").
             durability = None if name == "none" else mode
-            elapsed = timed_ms(
-                partial(graphs[name].invoke, {"count": 0}, config, durability=durability)
-            )
+            elapsed = timed_ms(partial(graphs[name].invoke, state, config, durability=durability))
             if r >= warmup:
                 samples[name].append(elapsed)
+        graphs.pop("floor", None)
         base = statistics.median(samples["none"])
         added: dict[Impl, list[float]] = {
             impl: [(t - base) / E2E_NODES for t in samples[impl]] for impl in IMPLS
@@ -508,22 +652,34 @@ def _end_to_end_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]
         langgraph = (statistics.median(samples["null"]) - base) / E2E_NODES
         official = statistics.median(added["official"])
         target = Target(0.5)
+        note = (
+            f"without a checkpointer: {base / E2E_NODES:.3f} ms per super-step; a "
+            f"checkpointer that stores nothing adds {langgraph:.3f} ms of LangGraph's "
+            f"own work, so the target leaves {target.limit * official - langgraph:.3f} ms "
+            "for storing"
+        )
+        extra = {
+            "no_checkpointer_ms_per_step": base / E2E_NODES,
+            "storing_nothing_ms_per_step": langgraph,
+        }
+        if with_floor:
+            least = (statistics.median(samples["floor"]) - base) / E2E_NODES
+            note += (
+                f"; a saver that only inserts and commits each call's data (FloorSaver) adds "
+                f"{least:.3f} ms, {least / official:.2f} of the official saver"
+            )
+            extra["floor_saver_ms_per_step"] = least
+        what = "" if workload == "e2e" else ", 57 KB chat state"
         rows.append(
             Row(
-                "e2e",
-                f"ms added per super-step, durability={mode}",
+                workload,
+                f"ms added per super-step{what}, durability={mode}",
                 db,
                 "ms",
                 *_summaries(added),
                 target,
-                f"without a checkpointer: {base / E2E_NODES:.3f} ms per super-step; a "
-                f"checkpointer that stores nothing adds {langgraph:.3f} ms of LangGraph's "
-                f"own work, so the target leaves {target.limit * official - langgraph:.3f} ms "
-                "for storing",
-                {
-                    "no_checkpointer_ms_per_step": base / E2E_NODES,
-                    "storing_nothing_ms_per_step": langgraph,
-                },
+                note,
+                extra,
             )
         )
     return rows
@@ -642,7 +798,9 @@ WORKLOADS: dict[str, Workload] = {
             on_each_db("growing", _growing_thread_on),
         ),
         Workload(
-            "e2e", "a 10-node graph with each saver vs none", on_each_db("e2e", _end_to_end_on)
+            "e2e",
+            "a 10-node graph, on a counter and on the chat state, with each saver vs none",
+            on_each_db("e2e", _end_to_end_on),
         ),
         Workload("journal", "the journal's cost per wrapped tool or model call", journal_overhead),
     )

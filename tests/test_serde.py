@@ -33,7 +33,7 @@ from pydantic import BaseModel, SecretStr
 
 from agentcheck import serde as serde_module
 from agentcheck._errors import CorruptDataError
-from agentcheck.serde import MESSAGE_LIST, Codec, SafeSerializer
+from agentcheck.serde import MESSAGE_LIST, Codec, SafeSerializer, UnsafeTypeError
 
 from savers_support import recorded_revivals
 
@@ -203,6 +203,24 @@ def test_other_pydantic_objects_go_straight_to_langgraph(revived: list[Any]) -> 
     type_, data = serializer.dumps_typed([Point(x=1), Send("node", {"a": 1})])
     assert serializer.loads_typed((type_, data)) == [Point(x=1), Send("node", {"a": 1})]
     assert revived == []  # only messages are looked at
+
+
+def test_values_are_stored_as_langgraph_stores_them_and_a_class_is_checked_per_allowlist() -> None:
+    messages = [HumanMessage("q", id="q"), AIMessage("a", id="a")]
+    value = {"messages": messages, "point": Point(x=1), "send": Send("n", {"a": 1})}
+    allowing = SafeSerializer(allowed_types=[Point])
+    # Twice: the second time the classes are known to be allowed (checked once each).
+    for _ in range(2):
+        assert allowing.dumps_typed(value) == JsonPlusSerializer().dumps_typed(value)
+    # A copy allowing more (LangGraph's with_msgpack_allowlist) shares no such knowledge
+    # with the serializer it was copied from, either way round.
+    strict = SafeSerializer()
+    strict.dumps_typed({"messages": messages})  # it knows the message classes are allowed
+    wider = strict.with_msgpack_allowlist([Point])
+    assert wider.dumps_typed(value) == allowing.dumps_typed(value)
+    with pytest.raises(UnsafeTypeError, match="test_serde.Point"):
+        strict.dumps_typed(value)
+    assert wider.dumps_typed(value) == allowing.dumps_typed(value)
 
 
 def test_tool_message_with_uncoerced_id_takes_langgraph_path(revived: list[Any]) -> None:

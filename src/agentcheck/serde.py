@@ -167,6 +167,19 @@ class SafeSerializer(JsonPlusSerializer):
         self._fast_hook = (slow, hook)
         return hook
 
+    # Classes whose values _default hands to LangGraph's encoder once checked (a message
+    # inside a dict, say): checked once per class, not at every value. Kept with the
+    # allowlist it was checked against, since with_msgpack_allowlist's copies share
+    # this attribute but not their allowlist.
+    _plain: tuple[Any, set[type]] | None = None
+
+    def _plain_classes(self) -> set[type]:
+        allowed = self._allowed_msgpack_modules
+        plain = self._plain
+        if plain is None or plain[0] is not allowed:
+            plain = self._plain = (allowed, set())
+        return plain[1]
+
     def _pack(
         self,
         obj: Any,
@@ -174,8 +187,13 @@ class SafeSerializer(JsonPlusSerializer):
         option: int,
         tuples: list[bool] | None = None,
     ) -> bytes:
+        plain = self._plain_classes()
+        encode = _jp._msgpack_default
+
         def default(value: Any) -> Any:
-            return self._default(value, refused, option, tuples)
+            if type(value) in plain:
+                return encode(value)
+            return self._default(value, refused, option, tuples, plain)
 
         return ormsgpack.packb(obj, default=default, option=option)
 
@@ -185,6 +203,7 @@ class SafeSerializer(JsonPlusSerializer):
         refused: list[UnsafeTypeError],
         option: int,
         tuples: list[bool] | None = None,
+        plain: set[type] | None = None,
     ) -> Any:
         if type(obj) is tuple and tuples is not None:  # keep_tuples: see dumps_typed
             tuples.append(True)
@@ -215,6 +234,8 @@ class SafeSerializer(JsonPlusSerializer):
                     option,
                 ),
             )
+        if plain is not None and not isinstance(obj, tuple):
+            plain.add(type(obj))  # allowed, and none of the above: the same next time
         return _jp._msgpack_default(obj)
 
     def _check_allowed(self, obj: Any) -> None:

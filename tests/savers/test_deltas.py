@@ -5,6 +5,7 @@ runs, and with encryption."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import operator
 import uuid
 from typing import Annotated, Any, Generic, TypedDict, TypeVar
@@ -164,6 +165,84 @@ def test_an_item_changed_in_place_or_equal_but_not_the_same_is_no_delta(
         new = lists[after]
     delta, _ = deltas.plan(key, "v2", [*new, new[-1]])
     assert delta is None  # stored whole: no stored version holds these items
+
+
+def delta_runs(deltas: ListDeltas, lists: list[list[Any]]) -> list[tuple[int, int]]:
+    """Plans each list as the next version of one channel; for each run of deltas
+    between two snapshots: (its length, the length of the list the run ended before)."""
+    key = ("t", "", "items")
+    runs: list[tuple[int, int]] = []
+    run = 0
+    for version, items in enumerate(lists):
+        delta, remember = deltas.plan(key, f"v{version:04}", items)
+        assert remember is not None
+        remember()
+        if delta is None:
+            if run:
+                runs.append((run, len(items)))
+            run = 0
+        else:
+            run += 1
+            assert len(delta.chain) == run  # the snapshot, then each delta since
+    return runs
+
+
+def named_versions(blob_keys: str, channel: str) -> int:
+    """How many stored versions a checkpoint's ``blob_keys`` names for a channel (JSON on
+    SQLite; channel and version pairs, unit-separated, on PostgreSQL)."""
+    if blob_keys.startswith("{"):
+        return len(json.loads(blob_keys).get(channel, []))
+    return blob_keys.split(chr(31))[0::2].count(channel)
+
+
+def test_a_long_list_goes_longer_between_snapshots() -> None:
+    deltas = ListDeltas()
+    assert [deltas.chain_limit(n) for n in (8, 50, 71, 72, 200, 256, 10_000)] == [
+        8,
+        8,
+        8,
+        9,
+        25,
+        32,
+        32,
+    ]
+    # A window of 50 items: a snapshot after 8 deltas, as for any list of up to 71.
+    window = [[f"m{i}" for i in range(v, v + 50)] for v in range(40)]
+    assert {run for run, _ in delta_runs(ListDeltas(), window)} == {8}
+    # A list growing from 100 to 400 items: the runs get longer with it, up to 32.
+    growing = [[f"m{i}" for i in range(n)] for n in range(100, 400)]
+    runs = delta_runs(ListDeltas(), growing)
+    for run, length in runs:
+        # The run stopped when the chain reached the limit of the list it had then.
+        assert run == deltas.chain_limit(length - 1)
+    assert [run for run, _ in runs][:3] == [14, 16, 18]
+    assert max(run for run, _ in runs) == 32
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_long_chat_reads_back_along_its_longer_chains(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    turns = 70  # up to 140 messages: chains of up to 17 deltas
+    config = {"configurable": {"thread_id": "long"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        await run_chat(graph, kind, "long", turns)
+        check_history(await history(graph, kind, config), turns)
+    rows = raw_sql(
+        kind,
+        sqlite_path,
+        pg_url,
+        "SELECT blob_keys FROM agentcheck_checkpoints WHERE thread_id = ?",
+        ("long",),
+    )
+    # The rows each checkpoint names for its messages: the longest chains are past 8.
+    chains = [named_versions(keys, "messages") for (keys,) in rows if keys]
+    assert max(chains) > 9
+    # A fresh saver (another process) reads every version the same.
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        graph = chat_graph().compile(checkpointer=fresh)
+        check_history(await history(graph, kind, config), turns)
 
 
 @pytest.mark.parametrize("kind", KINDS)
