@@ -236,6 +236,8 @@ def _warn_unprotected(name: str) -> None:
 @dataclass(frozen=True)
 class _Db:
     make_op: Callable[[], Any]
+    # False: a write that may be lost to a power failure (see _protocol's claims).
+    durable: bool = True
 
 
 @dataclass(frozen=True)
@@ -342,6 +344,14 @@ def _protocol(
         return EventSpec(run_id, spec.kind, phase, step_key=step_key, **kw)
 
     start_payload = args if spec.log_args else None
+    # A claim says the call has started, so that a crash leaves its outcome unknown. A
+    # call that is simply run again when that happens (idempotent, "retry", nothing to
+    # reconcile: a model call, say) loses nothing if its claim is lost too, which only a
+    # power failure can do: its claim is committed without waiting for the disk. Its
+    # completion, like any side effect's claim, waits.
+    durable_claim = not (
+        spec.effect != "side_effect" and spec.on_unknown == "retry" and spec.reconcile is None
+    )
 
     def claim_again(step: Step) -> _Db:
         return _Db(
@@ -352,7 +362,8 @@ def _protocol(
                 owner=owner,
                 run_id=run_id,
                 event=event("start", payload=start_payload),
-            )
+            ),
+            durable_claim,
         )
 
     def claim_step() -> Any:
@@ -371,14 +382,14 @@ def _protocol(
             position=ctx.position,
         )
 
-    claim: Claim = yield _Db(claim_step)
+    claim: Claim = yield _Db(claim_step, durable_claim)
     while not claim.owned and claim.step.status == "started":
         with _running_lock:
             running = _running.get(claim.step.owner)
         if running is None:
             break  # started by a call no longer running here: its outcome is unknown
         yield _Wait(running)
-        claim = yield _Db(claim_step)
+        claim = yield _Db(claim_step, durable_claim)
     step = claim.step
     if not claim.owned:
         if step.status == "completed":
@@ -539,7 +550,7 @@ class ProtocolRun:
             value, error = None, None
             try:
                 if isinstance(action, _Db):
-                    value = self.ctx.journal.run_op(action.make_op, True)
+                    value = self.ctx.journal.run_op(action.make_op, True, durable=action.durable)
                 elif isinstance(action, _Wait):
                     action.done.wait()
                 elif isinstance(action, _Reconcile):
@@ -560,7 +571,9 @@ class ProtocolRun:
             value, error = None, None
             try:
                 if isinstance(action, _Db):
-                    value = await self.ctx.journal.arun_op(action.make_op, True)
+                    value = await self.ctx.journal.arun_op(
+                        action.make_op, True, durable=action.durable
+                    )
                 elif isinstance(action, _Wait):
                     while not action.done.is_set():  # the call may run on this event loop
                         await asyncio.sleep(0.002)

@@ -573,11 +573,13 @@ class Journal:
         self.saver = saver
         self.ops: JournalOps = saver.journal_ops
 
-    def _sync(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
-        return cast(T, self.saver.run_op(make_op, write))
+    def _sync(self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True) -> T:
+        return cast(T, self.saver.run_op(make_op, write, durable=durable))
 
-    async def _async(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
-        return cast(T, await self.saver.arun_op(make_op, write))
+    async def _async(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
+        return cast(T, await self.saver.arun_op(make_op, write, durable=durable))
 
     # writes
     def start_run(self, run_id: str, *, framework: str, **kwargs: Any) -> None:
@@ -639,13 +641,21 @@ class Journal:
     async def asteps(self, **kwargs: Any) -> builtins.list[Step]:
         return await self._async(lambda: self.ops.steps(**kwargs), False)
 
-    def run_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
-        """Run any journal operation synchronously (used by the effect wrappers)."""
-        return self._sync(make_op, write)
+    def run_op(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
+        """Run any journal operation synchronously (used by the effect wrappers).
 
-    async def arun_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
-        """Run any journal operation asynchronously (used by the effect wrappers)."""
-        return await self._async(make_op, write)
+        ``durable=False`` is for writes whose loss is harmless: the commit then need not
+        wait for the disk, where the database allows it (SQLite in WAL mode). Such a write
+        survives a crash of the process, not always a power failure."""
+        return self._sync(make_op, write, durable=durable)
+
+    async def arun_op(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
+        """Run any journal operation asynchronously (see :meth:`run_op`)."""
+        return await self._async(make_op, write, durable=durable)
 
 
 @contextmanager

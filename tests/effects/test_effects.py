@@ -52,8 +52,10 @@ from agentcheck import (
     side_effect,
 )
 from agentcheck.adapters.langgraph import durable_model
+from agentcheck.backends.base import Query
 from agentcheck.effects import _AttemptRegistry, attempt_counters
 from agentcheck.journal import Event, Step
+from agentcheck.savers import SqliteSaver
 from fake_models import ScriptedChatModel, tool_call_message
 
 from savers_support import ASYNC_KINDS, KINDS, call, is_async, is_postgres
@@ -1629,6 +1631,134 @@ async def test_durable_model_with_structured_output_is_replayed(
         "end",
         "replay",
     ]
+
+
+def traced_transactions(conn: sqlite3.Connection) -> list[list[str]]:
+    """Starts recording the statements run on a connection, grouped by transaction: each
+    group is what ran from one BEGIN to its COMMIT, with the PRAGMAs just before and after
+    it."""
+    groups: list[list[str]] = [[]]
+
+    def trace(sql: str) -> None:
+        restore = sql.startswith("PRAGMA synchronous=") and sql != "PRAGMA synchronous=NORMAL"
+        if restore and not groups[-1] and len(groups) > 1:
+            groups[-2].append(sql)  # the level put back after a commit
+            return
+        groups[-1].append(sql)
+        if sql == "COMMIT":
+            groups.append([])
+
+    conn.set_trace_callback(trace)
+    return groups
+
+
+def relaxed(group: list[str]) -> bool:
+    return "PRAGMA synchronous=NORMAL" in group
+
+
+@pytest.mark.parametrize("wal", [True, False], ids=["wal", "rollback-journal"])
+def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
+    tmp_path: Path, wal: bool
+) -> None:
+    """SQLite: the claim of a model call or of an idempotent call that is run again after
+    a crash commits at synchronous=NORMAL (it survives a crash of the process; a power
+    failure may lose it, which only means running it again). A side effect's claim, a
+    claim whose unknown outcome goes to a human or is reconciled, and every completion
+    wait for the disk, as does everything on a connection not in WAL mode."""
+    conn = sqlite3.connect(tmp_path / "ledger.db", check_same_thread=False, isolation_level=None)
+    if wal:
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    saver = SqliteSaver(conn)
+    saver.setup()
+
+    @side_effect
+    def charge(amount: int) -> int:
+        return amount
+
+    @idempotent
+    def lookup(amount: int) -> int:
+        return amount
+
+    @idempotent(on_unknown="raise")
+    def strict_lookup(amount: int) -> int:
+        return amount
+
+    @idempotent(reconcile=lambda outcome: NOT_DONE)
+    def reconciled_lookup(amount: int) -> int:
+        return amount
+
+    model = durable_model(scripted(tmp_path, AIMessage("hi", id="m1")))
+    calls: dict[str, Callable[[], Any]] = {
+        "charge": lambda: charge(1),
+        "lookup": lambda: lookup(1),
+        "strict_lookup": lambda: strict_lookup(1),
+        "reconciled_lookup": lambda: reconciled_lookup(1),
+        "model": lambda: model.invoke([HumanMessage("hello")]),
+    }
+    claims: dict[str, bool] = {}
+    completions: dict[str, bool] = {}
+    for name, make_call in calls.items():
+        groups = traced_transactions(conn)
+        with effect_scope(saver.journal, f"scope-{name}"):
+            make_call()
+        conn.set_trace_callback(None)
+        claim = [g for g in groups if any("INSERT INTO agentcheck_steps" in q for q in g)]
+        done = [g for g in groups if any("SET status = 'completed'" in q for q in g)]
+        assert len(claim) == len(done) == 1, groups
+        claims[name], completions[name] = relaxed(claim[0]), relaxed(done[0])
+        # The level is put back after the claim, before anything else runs.
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert claims == {
+        "charge": False,
+        "lookup": wal,
+        "strict_lookup": False,
+        "reconciled_lookup": False,
+        "model": wal,
+    }
+    assert completions == dict.fromkeys(calls, False)
+    steps = saver.journal.steps()
+    assert sorted(s.status for s in steps) == ["completed"] * len(calls)
+    conn.close()
+
+
+def test_a_relaxed_write_leaves_the_connection_as_it_found_it(tmp_path: Path) -> None:
+    """The level comes back after a failed operation, is left alone inside the caller's
+    own transaction (it cannot change there), and a connection already below FULL keeps
+    its level."""
+    conn = sqlite3.connect(tmp_path / "levels.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=EXTRA")
+    saver = SqliteSaver(conn)
+    saver.setup()
+
+    def failing() -> Any:
+        yield Query("INSERT INTO no_such_table VALUES (1)")
+
+    with pytest.raises(sqlite3.OperationalError, match="no_such_table"):
+        saver.run_op(failing, True, durable=False)
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 3
+    assert not conn.in_transaction
+
+    def noting() -> Any:
+        yield Query("CREATE TABLE IF NOT EXISTS notes (n INTEGER)")
+        yield Query("INSERT INTO notes VALUES (1)")
+
+    groups = traced_transactions(conn)
+    conn.execute("BEGIN")
+    saver.run_op(noting, True, durable=False)  # inside the caller's transaction
+    conn.execute("COMMIT")
+    saver.run_op(noting, True, durable=False)
+    conn.set_trace_callback(None)
+    assert [relaxed(g) for g in groups if g] == [False, True]
+    assert groups[1][-1] == "PRAGMA synchronous=3"
+    conn.execute("PRAGMA synchronous=NORMAL")
+    groups = traced_transactions(conn)
+    saver.run_op(noting, True, durable=False)
+    conn.set_trace_callback(None)
+    assert not any(q.startswith("PRAGMA synchronous=") for g in groups for q in g)
+    assert conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0] == 3
+    conn.close()
 
 
 # --------------------------------------------------------------------------- 8. unprotected

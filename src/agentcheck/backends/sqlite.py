@@ -79,7 +79,23 @@ def _execute(conn: sqlite3.Connection, query: Query) -> Rows:
     return cursor.fetchall() if query.fetch else []
 
 
-def run(conn: sqlite3.Connection, make_op: Callable[[], Operation[T]], write: bool) -> T:
+_FULL = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
+
+
+def _synchronous(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+
+def _in_wal_mode(conn: sqlite3.Connection) -> bool:
+    return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
+
+
+def run(
+    conn: sqlite3.Connection,
+    make_op: Callable[[], Operation[T]],
+    write: bool,
+    durable: bool = True,
+) -> T:
     """Run one operation in one transaction, then its OnCommit callbacks.
 
     Writers take the write lock up front (``BEGIN IMMEDIATE``) so that two processes
@@ -87,20 +103,40 @@ def run(conn: sqlite3.Connection, make_op: Callable[[], Operation[T]], write: bo
     a savepoint is used and the caller's commit decides; the callbacks are then dropped,
     since nothing is known to be stored (the saver only forgoes what they would have
     remembered: the next version of a list is stored whole, not as a delta).
+
+    ``durable=False``: the commit does not wait for the disk (``synchronous=NORMAL`` for
+    this transaction, on a connection in WAL mode at FULL or EXTRA). The write still
+    survives a crash of the process; a power failure may lose it, until the next durable
+    commit makes every earlier one durable too (the log is written in order).
     """
     nested = conn.in_transaction
-    conn.execute("SAVEPOINT agentcheck" if nested else ("BEGIN IMMEDIATE" if write else "BEGIN"))
-    callbacks: list[Callable[[], None]] = []
+    # Only a transaction of our own is relaxed; the level can only change outside one
+    # (SQLite refuses it inside), and is put back as it was.
+    restore: int | None = None
+    if not durable and write and not nested:
+        level = _synchronous(conn)
+        # In WAL mode only: with a rollback journal, NORMAL risks corruption, not a loss.
+        if level >= _FULL and _in_wal_mode(conn):
+            restore = level
+            conn.execute("PRAGMA synchronous=NORMAL")
     try:
-        result = drive(make_op(), lambda q: _execute(conn, q), on_commit=callbacks)
-        conn.execute("RELEASE agentcheck" if nested else "COMMIT")
-    except BaseException:
-        if nested:
-            conn.execute("ROLLBACK TO agentcheck")
-            conn.execute("RELEASE agentcheck")
-        elif conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+        conn.execute(
+            "SAVEPOINT agentcheck" if nested else ("BEGIN IMMEDIATE" if write else "BEGIN")
+        )
+        callbacks: list[Callable[[], None]] = []
+        try:
+            result = drive(make_op(), lambda q: _execute(conn, q), on_commit=callbacks)
+            conn.execute("RELEASE agentcheck" if nested else "COMMIT")
+        except BaseException:
+            if nested:
+                conn.execute("ROLLBACK TO agentcheck")
+                conn.execute("RELEASE agentcheck")
+            elif conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        if restore is not None:
+            conn.execute(f"PRAGMA synchronous={restore}")  # an int read from SQLite
     if not nested:
         for callback in callbacks:
             callback()

@@ -14,6 +14,7 @@ import builtins
 import collections
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -91,13 +92,13 @@ class SyncSaver(RetentionCore):
     # (see _core) and its events follow the graph's steps.
     _thread_locks: tuple[_FifoLock, ...] = tuple(_FifoLock() for _ in range(_STRIPES))
 
-    def _run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    def _run(self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True) -> T:
         raise NotImplementedError
 
-    def _call(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    def _call(self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True) -> T:
         if not self._is_setup:
             self.setup()
-        return self._run(make_op, write)
+        return self._run(make_op, write, durable=durable)
 
     def setup(self) -> None:
         """Create or upgrade the tables. Idempotent, safe to call from several processes
@@ -105,13 +106,19 @@ class SyncSaver(RetentionCore):
         self._run(lambda: migrate(self.sql, self.migrations), True)
         self._is_setup = True
 
-    def run_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
-        """Run an operation in one transaction (for the journal)."""
-        return self._call(make_op, write)
+    def run_op(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
+        """Run an operation in one transaction (for the journal). ``durable=False``: a
+        write that may be lost to a power failure (not to a crash of the process), for
+        what is safe to lose (see Journal.run_op); the commit need not wait for the disk."""
+        return self._call(make_op, write, durable=durable)
 
-    async def arun_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    async def arun_op(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
         """The same from async code: the sync call in a worker thread."""
-        return await asyncio.to_thread(self._call, make_op, write)
+        return await asyncio.to_thread(partial(self._call, make_op, write, durable=durable))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (the latest of the thread when no id is given)."""
@@ -253,13 +260,17 @@ class AsyncSaver(RetentionCore):
             self._async_locks = tuple(asyncio.Lock() for _ in range(_STRIPES))
         return self._async_locks[_stripe(config["configurable"]["thread_id"])]
 
-    def run_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    def run_op(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
         """Run an operation from a thread other than the saver's event loop."""
-        return self._sync(self._call(make_op, write))
+        return self._sync(self._call(make_op, write, durable=durable))
 
-    async def arun_op(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
-        """Run an operation in one transaction (for the journal)."""
-        return await self._call(make_op, write)
+    async def arun_op(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
+        """Run an operation in one transaction (for the journal; see SyncSaver.run_op)."""
+        return await self._call(make_op, write, durable=durable)
 
     def _bind_loop(self) -> None:
         try:
@@ -267,15 +278,19 @@ class AsyncSaver(RetentionCore):
         except RuntimeError:
             self.loop = None
 
-    async def _arun(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    async def _arun(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
         raise NotImplementedError
 
-    async def _call(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    async def _call(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
         if not self._is_setup:
             await self.setup()
-        return await self._arun(make_op, write)
+        return await self._arun(make_op, write, durable=durable)
 
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine on the saver's loop from another thread."""

@@ -99,7 +99,8 @@ class PostgresSaver(SyncSaver):
         finally:
             pool.close()
 
-    def _run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    def _run(self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True) -> T:
+        # Every commit waits for the disk here (durable=False is a SQLite saving).
         return self._runner.run(make_op, write)
 
 
@@ -158,5 +159,7 @@ class AsyncPostgresSaver(AsyncSaver):
         finally:
             await pool.close()
 
-    async def _arun(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    async def _arun(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
         return await self._runner.run(make_op, write)

@@ -70,9 +70,9 @@ class SqliteSaver(SyncSaver):
         finally:
             conn.close()
 
-    def _run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    def _run(self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True) -> T:
         with self.lock:
-            return backend.run(self.conn, make_op, write)
+            return backend.run(self.conn, make_op, write, durable)
 
 
 class AsyncSqliteSaver(AsyncSaver):
@@ -121,10 +121,12 @@ class AsyncSqliteSaver(AsyncSaver):
             await conn._execute(backend.configure, conn._conn)  # type: ignore[no-untyped-call]
             yield cls(conn, **kwargs)
 
-    async def _arun(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    async def _arun(
+        self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
+    ) -> T:
         # aiosqlite's _execute runs a function on the connection's own thread; the whole
         # transaction happens there, so concurrent tasks cannot interleave inside it.
         result: T = await self.conn._execute(  # type: ignore[no-untyped-call]
-            backend.run, self.conn._conn, make_op, write
+            backend.run, self.conn._conn, make_op, write, durable
         )
         return result
