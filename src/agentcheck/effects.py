@@ -397,7 +397,8 @@ def _protocol(
                 # The call asked a human when it ran; the questions after it in the task
                 # must still meet their own answers.
                 ctx.skip_interrupts(step.interrupts)
-            yield _Db(lambda: ops.log(event("replay")))
+            # Only a note in the journal: losing it to a power failure loses nothing.
+            yield _Db(lambda: ops.log(event("replay")), False)
             return step.result, key
         outcome = UnknownOutcome(
             tool=spec.name,

@@ -1664,7 +1664,8 @@ def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
     a crash commits at synchronous=NORMAL (it survives a crash of the process; a power
     failure may lose it, which only means running it again). A side effect's claim, a
     claim whose unknown outcome goes to a human or is reconciled, and every completion
-    wait for the disk, as does everything on a connection not in WAL mode."""
+    wait for the disk, as does everything on a connection not in WAL mode. A replay's
+    note in the journal does not wait either."""
     conn = sqlite3.connect(tmp_path / "ledger.db", check_same_thread=False, isolation_level=None)
     if wal:
         conn.execute("PRAGMA journal_mode=WAL")
@@ -1719,6 +1720,17 @@ def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
     assert completions == dict.fromkeys(calls, False)
     steps = saver.journal.steps()
     assert sorted(s.status for s in steps) == ["completed"] * len(calls)
+    # Called again: each replays, noting it in the journal, a note that need not wait.
+    for name, make_call in calls.items():
+        groups = traced_transactions(conn)
+        with effect_scope(saver.journal, f"scope-{name}"):
+            make_call()
+        conn.set_trace_callback(None)
+        notes = [g for g in groups if any("INSERT INTO agentcheck_events" in q for q in g)]
+        assert len(notes) == 1, groups  # the replay event; the claim found the step done
+        assert relaxed(notes[0]) == wal
+        assert not any("SET status = 'completed'" in q for g in groups for q in g)
+    assert [e.phase for e in saver.journal.events("scope-charge")] == ["start", "end", "replay"]
     conn.close()
 
 
