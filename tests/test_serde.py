@@ -223,6 +223,56 @@ def test_values_are_stored_as_langgraph_stores_them_and_a_class_is_checked_per_a
     assert wider.dumps_typed(value) == allowing.dumps_typed(value)
 
 
+class FamilyMeta(type):
+    """Classes of one family compare equal (a proxy or ORM metaclass may do so)."""
+
+    def __eq__(cls, other: object) -> bool:
+        return isinstance(other, FamilyMeta)
+
+    def __hash__(cls) -> int:
+        return 1
+
+
+class FamilyAllowed(metaclass=FamilyMeta):
+    def model_dump(self) -> dict[str, Any]:  # LangGraph encodes it as a pydantic model
+        return {"x": 1}
+
+
+class FamilyRefused(metaclass=FamilyMeta):
+    def model_dump(self) -> dict[str, Any]:
+        return {"secret": 1}
+
+
+class UnhashableMeta(type):
+    def __eq__(cls, other: object) -> bool:
+        return cls is other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Unhashable(metaclass=UnhashableMeta):
+    def model_dump(self) -> dict[str, Any]:
+        return {"y": 2}
+
+
+def test_a_class_checked_once_is_the_class_itself() -> None:
+    """The classes a serializer remembers as allowed are matched by identity: a class
+    equal to an allowed one is still checked (and refused), an unhashable one still
+    serializes, and classes made at run time are not all kept."""
+    serializer = SafeSerializer(allowed_types=[FamilyAllowed, Unhashable])
+    serializer.dumps_typed({"a": FamilyAllowed()})
+    with pytest.raises(UnsafeTypeError, match="FamilyRefused"):
+        serializer.dumps_typed({"b": FamilyRefused()})
+    assert serializer.dumps_typed({"o": Unhashable()}) == JsonPlusSerializer().dumps_typed(
+        {"o": Unhashable()}
+    )
+    made = [type(f"Made{i}", (Point,), {}) for i in range(400)]
+    anything = SafeSerializer(allowed_types=made)
+    for cls in made:
+        anything.dumps_typed({"p": cls(x=1)})
+    assert anything._plain is not None and len(anything._plain[1]) <= 256
+
+
 def test_tool_message_with_uncoerced_id_takes_langgraph_path(revived: list[Any]) -> None:
     kwargs = {**ToolMessage("x", tool_call_id="c").model_dump(), "tool_call_id": 12}
     fast, slow = _both("msgpack", _stored("langchain_core.messages.tool", "ToolMessage", kwargs))

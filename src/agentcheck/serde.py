@@ -69,6 +69,7 @@ MESSAGE_LIST = "msgpack-messages"
 # they were. LangGraph's own extension codes are small numbers from 0.
 TUPLES = "msgpack-tuples"
 _EXT_TUPLE = 64
+_PLAIN_MAX = 256  # classes a serializer remembers as checked (see SafeSerializer._plain)
 
 
 class SafeSerializer(JsonPlusSerializer):
@@ -168,16 +169,19 @@ class SafeSerializer(JsonPlusSerializer):
         return hook
 
     # Classes whose values _default hands to LangGraph's encoder once checked (a message
-    # inside a dict, say): checked once per class, not at every value. Kept with the
-    # allowlist it was checked against, since with_msgpack_allowlist's copies share
-    # this attribute but not their allowlist.
-    _plain: tuple[Any, set[type]] | None = None
+    # inside a dict, say): checked once per class, not at every value. By id, each
+    # entry holding its class (so the id is not reused while it is there), since a
+    # metaclass may make classes equal or unhashable; at most _PLAIN_MAX of them
+    # (classes made at run time are not all kept alive). Kept with the allowlist it
+    # was checked against: with_msgpack_allowlist's copies share this attribute but
+    # not their allowlist.
+    _plain: tuple[Any, dict[int, type]] | None = None
 
-    def _plain_classes(self) -> set[type]:
+    def _plain_classes(self) -> dict[int, type]:
         allowed = self._allowed_msgpack_modules
         plain = self._plain
         if plain is None or plain[0] is not allowed:
-            plain = self._plain = (allowed, set())
+            plain = self._plain = (allowed, {})
         return plain[1]
 
     def _pack(
@@ -191,7 +195,8 @@ class SafeSerializer(JsonPlusSerializer):
         encode = _jp._msgpack_default
 
         def default(value: Any) -> Any:
-            if type(value) in plain:
+            cls = type(value)
+            if plain.get(id(cls)) is cls:
                 return encode(value)
             return self._default(value, refused, option, tuples, plain)
 
@@ -203,7 +208,7 @@ class SafeSerializer(JsonPlusSerializer):
         refused: list[UnsafeTypeError],
         option: int,
         tuples: list[bool] | None = None,
-        plain: set[type] | None = None,
+        plain: dict[int, type] | None = None,
     ) -> Any:
         if type(obj) is tuple and tuples is not None:  # keep_tuples: see dumps_typed
             tuples.append(True)
@@ -234,8 +239,8 @@ class SafeSerializer(JsonPlusSerializer):
                     option,
                 ),
             )
-        if plain is not None and not isinstance(obj, tuple):
-            plain.add(type(obj))  # allowed, and none of the above: the same next time
+        if plain is not None and not isinstance(obj, tuple) and len(plain) < _PLAIN_MAX:
+            plain[id(type(obj))] = type(obj)  # allowed, none of the above: so next time
         return _jp._msgpack_default(obj)
 
     def _check_allowed(self, obj: Any) -> None:

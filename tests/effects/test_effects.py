@@ -1734,15 +1734,29 @@ def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
     conn.close()
 
 
+def wal_saver(
+    path: Path, level: str, factory: type[sqlite3.Connection] = sqlite3.Connection
+) -> tuple[Any, SqliteSaver]:
+    """A saver on a connection of ours in WAL mode at the given synchronous level."""
+    conn = sqlite3.connect(path, factory=factory, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={level}")
+    saver = SqliteSaver(conn)
+    saver.setup()
+    return conn, saver
+
+
+def noting() -> Any:
+    """An operation that writes a note."""
+    yield Query("CREATE TABLE IF NOT EXISTS notes (n INTEGER)")
+    yield Query("INSERT INTO notes VALUES (1)")
+
+
 def test_a_relaxed_write_leaves_the_connection_as_it_found_it(tmp_path: Path) -> None:
     """The level comes back after a failed operation, is left alone inside the caller's
     own transaction (it cannot change there), and a connection already below FULL keeps
     its level."""
-    conn = sqlite3.connect(tmp_path / "levels.db", isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=EXTRA")
-    saver = SqliteSaver(conn)
-    saver.setup()
+    conn, saver = wal_saver(tmp_path / "levels.db", "EXTRA")
 
     def failing() -> Any:
         yield Query("INSERT INTO no_such_table VALUES (1)")
@@ -1751,10 +1765,6 @@ def test_a_relaxed_write_leaves_the_connection_as_it_found_it(tmp_path: Path) ->
         saver.run_op(failing, True, durable=False)
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 3
     assert not conn.in_transaction
-
-    def noting() -> Any:
-        yield Query("CREATE TABLE IF NOT EXISTS notes (n INTEGER)")
-        yield Query("INSERT INTO notes VALUES (1)")
 
     groups = traced_transactions(conn)
     conn.execute("BEGIN")
@@ -1770,6 +1780,72 @@ def test_a_relaxed_write_leaves_the_connection_as_it_found_it(tmp_path: Path) ->
     conn.set_trace_callback(None)
     assert not any(q.startswith("PRAGMA synchronous=") for g in groups for q in g)
     assert conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0] == 3
+    conn.close()
+
+
+class InterruptedConnection(sqlite3.Connection):
+    """Raises KeyboardInterrupt as a chosen statement returns, once: a Ctrl-C that came
+    while it ran (Python raises it right after the call)."""
+
+    interrupt_after: str | None = None
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        cursor = super().execute(sql, *args)
+        if sql == self.interrupt_after:
+            self.interrupt_after = None
+            raise KeyboardInterrupt
+        return cursor
+
+
+@pytest.mark.parametrize(
+    ("statement", "durable"),
+    [
+        ("PRAGMA synchronous=NORMAL", False),
+        ("BEGIN IMMEDIATE", False),
+        ("BEGIN IMMEDIATE", True),
+        ("COMMIT", False),
+    ],
+)
+def test_a_relaxed_write_stopped_midway_leaves_no_connection_relaxed(
+    tmp_path: Path, statement: str, durable: bool
+) -> None:
+    """A relaxed commit stopped between switching to NORMAL and switching back (Ctrl-C in
+    a notebook) is put back by the connection's next run at the latest: later commits
+    (checkpoints, completions) wait for the disk again. Any write stopped as its BEGIN
+    returns leaves no transaction open."""
+    conn, saver = wal_saver(tmp_path / "ctrl-c.db", "FULL", InterruptedConnection)
+    conn.interrupt_after = statement
+    with pytest.raises(KeyboardInterrupt):
+        saver.run_op(noting, True, durable=durable)
+    assert not conn.in_transaction
+    groups = traced_transactions(conn)
+    saver.run_op(noting, True)  # a durable write
+    conn.set_trace_callback(None)
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert not relaxed(groups[0])
+    # The durable write itself ran at FULL: any putting back came before its BEGIN.
+    begin = groups[0].index("BEGIN IMMEDIATE")
+    assert all(q == "PRAGMA synchronous=2" for q in groups[0][:begin])
+    conn.close()
+
+
+def test_a_write_stopped_as_its_savepoint_is_made_leaves_the_callers_transaction(
+    tmp_path: Path,
+) -> None:
+    conn, saver = wal_saver(tmp_path / "savepoint.db", "FULL", InterruptedConnection)
+    conn.execute("CREATE TABLE notes (n INTEGER)")
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO notes VALUES (0)")
+    conn.interrupt_after = "SAVEPOINT agentcheck"
+    with pytest.raises(KeyboardInterrupt):
+        saver.run_op(noting, True)
+    # The savepoint is gone, the caller's transaction and its row are still there.
+    assert conn.in_transaction
+    with pytest.raises(sqlite3.OperationalError, match="no such savepoint"):
+        conn.execute("RELEASE agentcheck")
+    saver.run_op(noting, True)
+    conn.execute("COMMIT")
+    assert [r[0] for r in conn.execute("SELECT n FROM notes ORDER BY n")] == [0, 1]
     conn.close()
 
 

@@ -4,10 +4,12 @@ runs, and with encryption."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import operator
 import uuid
+from collections.abc import Iterator
 from typing import Annotated, Any, Generic, TypedDict, TypeVar
 
 import ormsgpack
@@ -243,6 +245,73 @@ async def test_a_long_chat_reads_back_along_its_longer_chains(
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
         graph = chat_graph().compile(checkpointer=fresh)
         check_history(await history(graph, kind, config), turns)
+
+
+@contextlib.contextmanager
+def count_rounds(saver: Any) -> Iterator[list[Any]]:
+    """The statements and batches a sync saver's operations send, in order: each is a
+    round (a batch is one round trip on PostgreSQL)."""
+    rounds: list[Any] = []
+    run = saver._run
+
+    def counting(make_op: Any, write: bool, **kwargs: Any) -> Any:
+        def op() -> Any:
+            gen = make_op()
+            try:
+                step = next(gen)
+                while True:
+                    rounds.append(step)
+                    step = gen.send((yield step))
+            except StopIteration as stop:
+                return stop.value
+
+        return run(op, write, **kwargs)
+
+    saver._run = counting
+    try:
+        yield rounds
+    finally:
+        del saver._run
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_checkpoint_that_keeps_a_list_written_by_another_process_reads_in_one_query(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A saver that did not write a list's chain learns it when it reads the checkpoint:
+    a checkpoint it then writes keeping that version (update_state of another channel)
+    names the whole chain too, and reading it is not a query per delta."""
+    config = {"configurable": {"thread_id": "other"}}
+    turns = 36  # 72 messages and more: chains of 9 deltas and more
+
+    def latest_chain() -> int:
+        rows = raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            "SELECT blob_keys FROM agentcheck_checkpoints WHERE thread_id = ? "
+            "ORDER BY checkpoint_id DESC LIMIT 1",
+            ("other",),
+        )
+        return named_versions(rows[0][0], "messages")
+
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        await run_chat(graph, kind, "other", turns)
+        while latest_chain() < 9:
+            await run_chat(graph, kind, "other", turns + 1, start=turns)
+            turns += 1
+        depth = latest_chain()
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as fresh:
+        graph = chat_graph().compile(checkpointer=fresh)
+        await call(graph, "update_state", kind, config, {"turn": 999})
+        assert latest_chain() == depth  # the new checkpoint names the chain it keeps
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as reader:
+        with count_rounds(reader) as rounds:
+            state = await call(chat_graph().compile(checkpointer=reader), "get_state", kind, config)
+        assert contents(state) == expected(turns)
+        assert state.values["turn"] == 999
+        assert len(rounds) <= 2, rounds
 
 
 @pytest.mark.parametrize("kind", KINDS)

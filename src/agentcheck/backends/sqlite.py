@@ -8,6 +8,7 @@ on aiosqlite's worker thread, so an operation costs one thread hop, not one per 
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -80,14 +81,48 @@ def _execute(conn: sqlite3.Connection, query: Query) -> Rows:
 
 
 _FULL = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
+# Connections a relaxed commit (run's durable=False) has set to NORMAL, and the level to
+# put back: recorded before the switch, removed once it is undone, so that a run stopped
+# in between (a KeyboardInterrupt) is repaired by the connection's next run instead of
+# leaving every later commit at NORMAL. (sqlite3 connections take no weak references;
+# an entry lives from one statement to the next, or until the next run if stopped.)
+_RELAXED: dict[sqlite3.Connection, int] = {}
+_RELAXED_LOCK = threading.Lock()
 
 
-def _synchronous(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+def _relax(conn: sqlite3.Connection) -> None:
+    level = int(conn.execute("PRAGMA synchronous").fetchone()[0])
+    # In WAL mode only: with a rollback journal, NORMAL risks corruption, not a loss.
+    if level < _FULL or str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        return
+    with _RELAXED_LOCK:
+        _RELAXED[conn] = level
+    conn.execute("PRAGMA synchronous=NORMAL")
 
 
-def _in_wal_mode(conn: sqlite3.Connection) -> bool:
-    return str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
+def _put_back(conn: sqlite3.Connection) -> None:
+    """Undo _relax, if it was done and the connection is not inside a transaction (the
+    level cannot change there: then the next run does it)."""
+    with _RELAXED_LOCK:
+        level = _RELAXED.get(conn)
+    if level is None or conn.in_transaction:
+        return
+    try:
+        conn.execute(f"PRAGMA synchronous={level}")  # an int read from SQLite
+    except sqlite3.Error:
+        return  # a closed connection, say: not worth hiding the error being raised
+    with _RELAXED_LOCK:
+        _RELAXED.pop(conn, None)
+
+
+def _roll_back_savepoint(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("ROLLBACK TO agentcheck")
+    except sqlite3.OperationalError as exc:
+        if "no such savepoint" in str(exc):
+            return  # SAVEPOINT itself was not made
+        raise
+    conn.execute("RELEASE agentcheck")
 
 
 def run(
@@ -110,33 +145,31 @@ def run(
     commit makes every earlier one durable too (the log is written in order).
     """
     nested = conn.in_transaction
-    # Only a transaction of our own is relaxed; the level can only change outside one
-    # (SQLite refuses it inside), and is put back as it was.
-    restore: int | None = None
-    if not durable and write and not nested:
-        level = _synchronous(conn)
-        # In WAL mode only: with a rollback journal, NORMAL risks corruption, not a loss.
-        if level >= _FULL and _in_wal_mode(conn):
-            restore = level
-            conn.execute("PRAGMA synchronous=NORMAL")
+    if _RELAXED and not nested:
+        _put_back(conn)  # left relaxed by a run that was stopped before it could
+    callbacks: list[Callable[[], None]] = []
+    relax = not durable and write and not nested
     try:
-        conn.execute(
-            "SAVEPOINT agentcheck" if nested else ("BEGIN IMMEDIATE" if write else "BEGIN")
-        )
-        callbacks: list[Callable[[], None]] = []
+        # The level can only change outside a transaction (SQLite refuses it inside).
+        if relax:
+            _relax(conn)
         try:
+            # Inside the try: a KeyboardInterrupt raised as BEGIN returns must not leave
+            # the transaction open (every later run would only make savepoints in it).
+            conn.execute(
+                "SAVEPOINT agentcheck" if nested else ("BEGIN IMMEDIATE" if write else "BEGIN")
+            )
             result = drive(make_op(), lambda q: _execute(conn, q), on_commit=callbacks)
             conn.execute("RELEASE agentcheck" if nested else "COMMIT")
         except BaseException:
             if nested:
-                conn.execute("ROLLBACK TO agentcheck")
-                conn.execute("RELEASE agentcheck")
+                _roll_back_savepoint(conn)
             elif conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
     finally:
-        if restore is not None:
-            conn.execute(f"PRAGMA synchronous={restore}")  # an int read from SQLite
+        if relax:
+            _put_back(conn)
     if not nested:
         for callback in callbacks:
             callback()

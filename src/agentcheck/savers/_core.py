@@ -656,6 +656,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             meta = self._load(m_type, m_data, "the metadata", key)
             bases = rest.pop(BASES_KEY, None) or {}
             inline = rest.pop(INLINE_KEY, None) or {}
+            if bases:
+                self.list_deltas.learn(thread_id, ns, bases, rest.get("channel_versions", {}))
             decoded.append((key, parent_id, rest, meta, inline))
             pairs = wanted.setdefault((thread_id, ns), set())
             pairs.update(

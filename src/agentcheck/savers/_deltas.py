@@ -38,7 +38,7 @@ import dataclasses
 import operator
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,6 +252,30 @@ class ListDeltas:
                 del self._latest[key]
             for ckey in [k for k in self._chains if k[0] == thread_id]:
                 del self._chains[ckey]
+
+    def learn(
+        self,
+        thread_id: str,
+        ns: str,
+        bases: Mapping[str, Sequence[str]],
+        versions: Mapping[str, Any],
+    ) -> None:
+        """Remember the rows the versions of a checkpoint just read are built from (its
+        ``_ac_bases``): a checkpoint this process writes next that keeps such a version
+        (one that does not change the list: update_state, an input) names them too, so
+        that reading it stays one query, even in a process that did not write them."""
+        with self._lock:
+            for channel, chain in bases.items():
+                version = versions.get(channel)
+                if version is None or not isinstance(chain, (list, tuple)) or not chain:
+                    continue
+                if not all(type(v) is str for v in chain):
+                    continue  # not what a saver writes: no hint is better than a bad one
+                key = (thread_id, ns, channel, str(version))
+                if key not in self._chains:
+                    self._chains[key] = tuple(chain)
+            while len(self._chains) > self.size * 16:
+                self._chains.popitem(last=False)
 
     def bases(self, thread_id: str, ns: str, versions: dict[str, Any]) -> dict[str, list[str]]:
         """For a checkpoint's channel versions: the rows each delta-stored version is built
