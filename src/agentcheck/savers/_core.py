@@ -178,16 +178,20 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             pending writes, metadata) with AES-256-GCM; needs ``agentcheck[encryption]``.
             Defaults to the ``AGENTCHECK_ENCRYPTION_KEY`` environment variable.
         compress_threshold: payloads of at least this many bytes are compressed; by
-            default the saver's ``default_compress_threshold``, and 64 KiB when
-            encrypting (see docs/savers.md, "Storage").
+            default the saver's ``default_compress_threshold`` (1 MiB on SQLite, 2 KiB
+            on PostgreSQL), and at least 64 KiB when encrypting (see docs/savers.md,
+            "Storage").
         compression: how: ``"zlib"`` or ``"zstd"`` (see :class:`~agentcheck.serde.Codec`).
         journal_nodes: record runs and node events of the graphs using this saver in the
             journal (docs/journal.md), in the same transaction as their checkpoints.
     """
 
     sql: type[SQL] = SQL
-    # Values from this size up are compressed, unless the saver is told otherwise.
-    default_compress_threshold = 65536
+    # Values from this size up are compressed, unless the saver is told otherwise. On
+    # SQLite only a value of a MiB or more: zlib costs far more time than writing the
+    # bytes it saves (docs/savers.md, "Storage"), and list deltas already keep a chat's
+    # history small.
+    default_compress_threshold = 1 << 20
 
     def __init__(
         self,
@@ -209,6 +213,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             self.codec.compress_threshold = compress_threshold
         elif not self.codec.encrypted:
             self.codec.compress_threshold = self.default_compress_threshold
+        else:  # never lower than the saver's own threshold
+            self.codec.compress_threshold = max(
+                _ENCRYPTED_COMPRESS_MIN, self.default_compress_threshold
+            )
         self.journal_nodes = journal_nodes
         self.journal_ops = JournalOps(self)
         self.list_deltas = ListDeltas()
