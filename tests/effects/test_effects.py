@@ -1829,6 +1829,37 @@ def test_a_relaxed_write_stopped_midway_leaves_no_connection_relaxed(
     conn.close()
 
 
+class PausingConnection(sqlite3.Connection):
+    """Holds thread "A" just before it switches to NORMAL, until told to go on."""
+
+    at_switch = threading.Event()
+    go_on = threading.Event()
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        if sql == "PRAGMA synchronous=NORMAL" and threading.current_thread().name == "A":
+            self.at_switch.set()
+            self.go_on.wait(10)
+        return super().execute(sql, *args)
+
+
+def test_two_savers_sharing_a_connection_leave_it_at_its_level(tmp_path: Path) -> None:
+    """A durable write of one saver, run while another saver's relaxed write on the same
+    connection is about to switch to NORMAL, does not end with the connection relaxed."""
+    conn, first = wal_saver(tmp_path / "shared.db", "FULL", PausingConnection)
+    second = SqliteSaver(conn)  # its own lock: the two runs may interleave
+    relaxed_write = threading.Thread(
+        target=lambda: first.run_op(noting, True, durable=False), name="A"
+    )
+    relaxed_write.start()
+    assert PausingConnection.at_switch.wait(10)
+    second.run_op(noting, True)
+    PausingConnection.go_on.set()
+    relaxed_write.join(10)
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0] == 2
+    conn.close()
+
+
 def test_a_write_stopped_as_its_savepoint_is_made_leaves_the_callers_transaction(
     tmp_path: Path,
 ) -> None:

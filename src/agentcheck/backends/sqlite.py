@@ -81,38 +81,59 @@ def _execute(conn: sqlite3.Connection, query: Query) -> Rows:
 
 
 _FULL = 2  # PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA
-# Connections a relaxed commit (run's durable=False) has set to NORMAL, and the level to
-# put back: recorded before the switch, removed once it is undone, so that a run stopped
-# in between (a KeyboardInterrupt) is repaired by the connection's next run instead of
-# leaving every later commit at NORMAL. (sqlite3 connections take no weak references;
-# an entry lives from one statement to the next, or until the next run if stopped.)
-_RELAXED: dict[sqlite3.Connection, int] = {}
+# Connections a relaxed commit (run's durable=False) has set to NORMAL: the level to put
+# back and the run that set it. Recorded before the switch and removed by that run once
+# it has put the level back, so that a run stopped in between (a KeyboardInterrupt, or a
+# ROLLBACK that failed and left a transaction open) is repaired by the connection's next
+# run, instead of every later commit running at NORMAL. (sqlite3 connections take no
+# weak references: an entry lives from one statement to the next, unless a run was
+# stopped; entries of closed connections are dropped by the next repair.)
+_RELAXED: dict[sqlite3.Connection, tuple[int, object]] = {}
 _RELAXED_LOCK = threading.Lock()
 
 
-def _relax(conn: sqlite3.Connection) -> None:
+def _relax(conn: sqlite3.Connection, token: object) -> int | None:
+    """Switch to NORMAL if the connection is in WAL mode at FULL or EXTRA; the level it
+    had, or None if nothing was changed."""
     level = int(conn.execute("PRAGMA synchronous").fetchone()[0])
     # In WAL mode only: with a rollback journal, NORMAL risks corruption, not a loss.
     if level < _FULL or str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
-        return
+        return None
     with _RELAXED_LOCK:
-        _RELAXED[conn] = level
+        _RELAXED[conn] = (level, token)
     conn.execute("PRAGMA synchronous=NORMAL")
+    return level
 
 
-def _put_back(conn: sqlite3.Connection) -> None:
-    """Undo _relax, if it was done and the connection is not inside a transaction (the
-    level cannot change there: then the next run does it)."""
-    with _RELAXED_LOCK:
-        level = _RELAXED.get(conn)
-    if level is None or conn.in_transaction:
-        return
+def _restore(conn: sqlite3.Connection, level: int, token: object) -> None:
+    """Put the level back, unless a transaction is open (the level cannot change in one:
+    the connection's next run does it), and forget the entry if it is still this run's."""
     try:
+        if conn.in_transaction:
+            return
         conn.execute(f"PRAGMA synchronous={level}")  # an int read from SQLite
     except sqlite3.Error:
         return  # a closed connection, say: not worth hiding the error being raised
     with _RELAXED_LOCK:
-        _RELAXED.pop(conn, None)
+        if _RELAXED.get(conn, (None, None))[1] is token:
+            del _RELAXED[conn]
+
+
+def _repair(conn: sqlite3.Connection) -> None:
+    """Put back a level a stopped run left relaxed on ``conn``, and drop the entries of
+    connections closed since."""
+    with _RELAXED_LOCK:
+        entries = list(_RELAXED.items())
+    for other, (level, token) in entries:
+        if other is conn:
+            _restore(conn, level, token)
+            continue
+        try:
+            other.in_transaction  # noqa: B018 (raises once the connection is closed)
+        except sqlite3.ProgrammingError as exc:
+            if "closed" in str(exc):  # not: another thread's connection
+                with _RELAXED_LOCK:
+                    _RELAXED.pop(other, None)
 
 
 def _roll_back_savepoint(conn: sqlite3.Connection) -> None:
@@ -146,13 +167,14 @@ def run(
     """
     nested = conn.in_transaction
     if _RELAXED and not nested:
-        _put_back(conn)  # left relaxed by a run that was stopped before it could
+        _repair(conn)  # a level left relaxed by a run stopped before it could put it back
     callbacks: list[Callable[[], None]] = []
-    relax = not durable and write and not nested
+    token = object()
+    relaxed_from: int | None = None
     try:
         # The level can only change outside a transaction (SQLite refuses it inside).
-        if relax:
-            _relax(conn)
+        if not durable and write and not nested:
+            relaxed_from = _relax(conn, token)
         try:
             # Inside the try: a KeyboardInterrupt raised as BEGIN returns must not leave
             # the transaction open (every later run would only make savepoints in it).
@@ -168,8 +190,10 @@ def run(
                 conn.execute("ROLLBACK")
             raise
     finally:
-        if relax:
-            _put_back(conn)
+        # Whether or not the entry is still there (a run of another thread sharing the
+        # connection may have repaired it meanwhile): this run switched, it switches back.
+        if relaxed_from is not None:
+            _restore(conn, relaxed_from, token)
     if not nested:
         for callback in callbacks:
             callback()

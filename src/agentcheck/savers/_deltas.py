@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -273,7 +274,9 @@ class ListDeltas:
                     continue  # not what a saver writes: no hint is better than a bad one
                 key = (thread_id, ns, channel, str(version))
                 if key not in self._chains:
-                    self._chains[key] = tuple(chain)
+                    # Interned: the chains read of one thread repeat the same versions
+                    # (decoded anew at each read), as those a saver writes share them.
+                    self._chains[key] = tuple(map(sys.intern, chain))
             while len(self._chains) > self.size * 16:
                 self._chains.popitem(last=False)
 
