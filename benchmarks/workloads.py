@@ -559,13 +559,16 @@ def floor_saver(ctx: Context, db: Db) -> Iterator[FloorSaver]:
     assert ctx.databases.pg is not None
     url = ctx.databases.pg.create_database("bench_floor_saver")
     pool = _pool(url, POOL_MAX_SIZE)
+    # One call at a time, as both savers store a thread's writes (LangGraph hands a
+    # step's put and put_writes to a thread pool; without it they would overlap here).
+    pg_lock = threading.Lock()
     try:
         with pool.connection() as pg:
             pg.execute(create.format("BYTEA"))
 
         def pg_store(rows: list[tuple[str, str, bytes]]) -> None:
             # One statement in autocommit mode: one round trip, committed.
-            with pool.connection() as pg:
+            with pg_lock, pool.connection() as pg:
                 pg.execute(insert + ", ".join(["(%s, %s, %s)"] * len(rows)), _flat(rows))
 
         yield FloorSaver(pg_store)
