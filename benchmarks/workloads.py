@@ -492,7 +492,7 @@ class NullSaver(BaseCheckpointSaver[int]):  # the base class's own (int) version
         return None
 
 
-class FloorSaver(BaseCheckpointSaver[int]):
+class FloorSaver(NullSaver):
     """The least a durable checkpointer can do: each put and each put_writes serializes
     what it is given (LangGraph's own serializer, as the official savers do) and stores
     it as rows of one INSERT, committed; nothing is indexed, journaled, compared or read
@@ -504,8 +504,7 @@ class FloorSaver(BaseCheckpointSaver[int]):
         super().__init__()
         self.store = store
 
-    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return None  # every run is a new thread
+    # get_tuple: NullSaver's None (every run is a new thread).
 
     def put(
         self,
@@ -514,10 +513,9 @@ class FloorSaver(BaseCheckpointSaver[int]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        thread_id = config["configurable"]["thread_id"]
         data = self.serde.dumps_typed(checkpoint)[1] + self.serde.dumps_typed(metadata)[1]
-        self.store([(thread_id, checkpoint["id"], data)])
-        return thread_config(thread_id, checkpoint["id"])
+        self.store([(config["configurable"]["thread_id"], checkpoint["id"], data)])
+        return super().put(config, checkpoint, metadata, new_versions)
 
     def put_writes(
         self,

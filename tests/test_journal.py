@@ -301,6 +301,16 @@ class Joined(TypedDict, total=False):
     log: Annotated[list[str], operator.add]
 
 
+def branches_graph(saver: Any, **nodes: Callable[[Any], Any]) -> Any:
+    """START -> each node -> END: parallel branches of one step."""
+    builder = StateGraph(Joined)
+    for name, node in nodes.items():
+        builder.add_node(name, node)
+        builder.add_edge(START, name)
+        builder.add_edge(name, END)
+    return builder.compile(checkpointer=saver)
+
+
 def joined_graph(saver: Any, *, defer: bool = False, skip_q: bool = False) -> Any:
     """START -> p, q; [p, q] -> join -> after -> END (add_edge with a list: a barrier).
     With ``skip_q`` a condition sends START to ``other`` instead of ``q``: the join
@@ -394,14 +404,7 @@ async def test_resuming_parallel_interrupts_one_by_one_counts_each_resume(
     def asker(name: str) -> Callable[[Joined], Joined]:
         return lambda state: {"log": [f"{name}={interrupt(name)}"]}
 
-    builder = StateGraph(Joined)
-    builder.add_node("x", asker("x"))
-    builder.add_node("y", asker("y"))
-    builder.add_edge(START, "x")
-    builder.add_edge(START, "y")
-    builder.add_edge("x", END)
-    builder.add_edge("y", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = branches_graph(saver, x=asker("x"), y=asker("y"))
 
     await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     for attempt, name in ((2, "x"), (3, "y")):
@@ -436,14 +439,7 @@ async def test_a_partial_resume_that_leaves_a_node_paused_reads_interrupted(
         time.sleep(0.2)  # y pauses again meanwhile
         return {"log": [f"x={answer}"]}
 
-    builder = StateGraph(Joined)
-    builder.add_node("x", slow_x)
-    builder.add_node("y", lambda state: {"log": [f"y={interrupt('y')}"]})
-    builder.add_edge(START, "x")
-    builder.add_edge(START, "y")
-    builder.add_edge("x", END)
-    builder.add_edge("y", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = branches_graph(saver, x=slow_x, y=lambda state: {"log": [f"y={interrupt('y')}"]})
 
     await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     state = await call(graph, "get_state", kind, config("t1"))
@@ -524,13 +520,7 @@ async def test_a_call_in_a_branch_still_running_after_its_sibling_failed_is_no_r
         time.sleep(0.3)
         return {"log": [str(lookup(1))]}
 
-    builder = StateGraph(Joined)
-    builder.add_node("boom", boom)
-    builder.add_node("slow", slow)
-    for name in ("boom", "slow"):
-        builder.add_edge(START, name)
-        builder.add_edge(name, END)
-    graph = builder.compile(checkpointer=saver)
+    graph = branches_graph(saver, boom=boom, slow=slow)
     with pytest.raises(RuntimeError, match="boom"):
         await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
     time.sleep(0.5)  # the branch finishes after invoke raised

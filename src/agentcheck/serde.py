@@ -207,8 +207,8 @@ class SafeSerializer(JsonPlusSerializer):
         obj: Any,
         refused: list[UnsafeTypeError],
         option: int,
-        tuples: list[bool] | None = None,
-        plain: dict[int, type] | None = None,
+        tuples: list[bool] | None,
+        plain: dict[int, type],
     ) -> Any:
         if type(obj) is tuple and tuples is not None:  # keep_tuples: see dumps_typed
             tuples.append(True)
@@ -239,7 +239,7 @@ class SafeSerializer(JsonPlusSerializer):
                     option,
                 ),
             )
-        if plain is not None and not isinstance(obj, tuple) and len(plain) < _PLAIN_MAX:
+        if not isinstance(obj, tuple) and len(plain) < _PLAIN_MAX:
             plain[id(type(obj))] = type(obj)  # allowed, none of the above: so next time
         return _jp._msgpack_default(obj)
 

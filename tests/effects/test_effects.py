@@ -1656,6 +1656,24 @@ def relaxed(group: list[str]) -> bool:
     return "PRAGMA synchronous=NORMAL" in group
 
 
+def wal_saver(
+    path: Path,
+    level: str,
+    factory: type[sqlite3.Connection] = sqlite3.Connection,
+    *,
+    wal: bool = True,
+) -> tuple[Any, SqliteSaver]:
+    """A saver on a connection of ours at the given synchronous level, in WAL mode unless
+    told otherwise (then SQLite's default rollback journal)."""
+    conn = sqlite3.connect(path, factory=factory, isolation_level=None, check_same_thread=False)
+    if wal:
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={level}")
+    saver = SqliteSaver(conn)
+    saver.setup()
+    return conn, saver
+
+
 @pytest.mark.parametrize("wal", [True, False], ids=["wal", "rollback-journal"])
 def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
     tmp_path: Path, wal: bool
@@ -1666,12 +1684,7 @@ def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
     claim whose unknown outcome goes to a human or is reconciled, and every completion
     wait for the disk, as does everything on a connection not in WAL mode. A replay's
     note in the journal does not wait either."""
-    conn = sqlite3.connect(tmp_path / "ledger.db", check_same_thread=False, isolation_level=None)
-    if wal:
-        conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    saver = SqliteSaver(conn)
-    saver.setup()
+    conn, saver = wal_saver(tmp_path / "ledger.db", "FULL", wal=wal)
 
     @side_effect
     def charge(amount: int) -> int:
@@ -1732,18 +1745,6 @@ def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
         assert not any("SET status = 'completed'" in q for g in groups for q in g)
     assert [e.phase for e in saver.journal.events("scope-charge")] == ["start", "end", "replay"]
     conn.close()
-
-
-def wal_saver(
-    path: Path, level: str, factory: type[sqlite3.Connection] = sqlite3.Connection
-) -> tuple[Any, SqliteSaver]:
-    """A saver on a connection of ours in WAL mode at the given synchronous level."""
-    conn = sqlite3.connect(path, factory=factory, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={level}")
-    saver = SqliteSaver(conn)
-    saver.setup()
-    return conn, saver
 
 
 def noting() -> Any:

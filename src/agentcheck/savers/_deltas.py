@@ -235,9 +235,7 @@ class ListDeltas:
                 while len(self._latest) > self.size:
                     self._latest.popitem(last=False)
                 if chain:
-                    self._chains[key + (version,)] = chain
-                    while len(self._chains) > self.size * 16:
-                        self._chains.popitem(last=False)
+                    self._keep_chain(key + (version,), chain)
 
         return delta, remember
 
@@ -276,9 +274,14 @@ class ListDeltas:
                 if key not in self._chains:
                     # Interned: the chains read of one thread repeat the same versions
                     # (decoded anew at each read), as those a saver writes share them.
-                    self._chains[key] = tuple(map(sys.intern, chain))
-            while len(self._chains) > self.size * 16:
-                self._chains.popitem(last=False)
+                    self._keep_chain(key, tuple(map(sys.intern, chain)))
+
+    def _keep_chain(self, key: tuple[str, str, str, str], chain: tuple[str, ...]) -> None:
+        """Remember a version's chain, forgetting the oldest beyond the bound (under the
+        lock)."""
+        self._chains[key] = chain
+        while len(self._chains) > self.size * 16:
+            self._chains.popitem(last=False)
 
     def bases(self, thread_id: str, ns: str, versions: dict[str, Any]) -> dict[str, list[str]]:
         """For a checkpoint's channel versions: the rows each delta-stored version is built
