@@ -7,7 +7,9 @@ import enum
 import operator
 import re
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Annotated, Any, TypedDict
 
 import psycopg
@@ -22,6 +24,7 @@ from agentcheck import generate_key
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends.base import SQL, Later, OnCommit, Query, batch, drive
 from agentcheck.backends.postgres import PostgresSQL
+from agentcheck.savers._terms import metadata_terms
 from agentcheck.serde import MESSAGE_LIST
 
 from savers_support import (
@@ -181,6 +184,40 @@ async def test_a_checkpoint_stored_again_is_found_by_its_new_metadata_only(
     terms = raw_sql(kind, **db, sql="SELECT term FROM agentcheck_metadata_terms")
     assert sorted(t for (t,) in terms) == ['["step"]=1', '["who"]="b"']
     assert stored["configurable"]["checkpoint_id"] == checkpoint["id"]
+
+
+class _Frozen(Mapping[str, Any]):
+    """A Mapping that is no dict."""
+
+    def __init__(self, **items: Any) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@pytest.mark.parametrize(
+    "mapping",
+    [dict, OrderedDict, lambda **kw: MappingProxyType(kw), _Frozen],
+    ids=["dict", "OrderedDict", "MappingProxyType", "Mapping"],
+)
+def test_every_kind_of_mapping_in_metadata_gives_the_same_terms(mapping: Any) -> None:
+    """A nested mapping is walked, an empty one is a term of its own, whatever its class
+    (the terms test plain values by exact type first)."""
+    metadata = {"source": "loop", "step": 3, "parents": mapping(), "who": mapping(a=1, b="x")}
+    assert sorted(metadata_terms(metadata)) == [
+        '["parents"]={}',
+        '["source"]="loop"',
+        '["step"]=3',
+        '["who","a"]=1',
+        '["who","b"]="x"',
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)

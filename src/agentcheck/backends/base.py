@@ -37,6 +37,10 @@ __all__ = [
     "migrate",
 ]
 
+# json.dumps with arguments builds an encoder at every call: one, made once, for a value
+# written at every put.
+_KEYS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
 
@@ -319,7 +323,7 @@ class SQL:
     @staticmethod
     def encode_blob_keys(keys: Mapping[str, Sequence[str]]) -> Any:
         """The ``blob_keys`` column's value for these keys."""
-        return json.dumps(keys, ensure_ascii=False, separators=(",", ":"))
+        return _KEYS_ENCODER.encode(keys)
 
     # List queries are assembled from these fragments by the saver core. A filtered list
     # is driven from the metadata terms index (its first term), not from a table scan.

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = ["metadata_terms"]
 
 _CACHED_TEXT = 64  # metadata keys and values up to this long have their JSON cached
+_PLAIN = frozenset((str, int, float, bool, type(None), list))
 
 
 def _canonical(value: Any) -> str:
@@ -32,11 +33,14 @@ def metadata_terms(metadata: Mapping[str, Any], prefix: tuple[str, ...] = ()) ->
     """
     for key, value in metadata.items():
         path = (*prefix, str(key))
-        if isinstance(value, Mapping) and value:
+        kind = type(value)
+        # Most values are plain: an exact type test spares them the ABC check.
+        mapping = kind is dict or (kind not in _PLAIN and isinstance(value, Mapping))
+        if mapping and value:
             yield from metadata_terms(value, path)
         elif sum(map(len, path)) > _CACHED_TEXT:
             yield json.dumps(path, separators=(",", ":")) + "=" + _canonical(value)
-        elif isinstance(value, Mapping):  # empty
+        elif mapping:  # empty
             yield _path_json(path) + "={}"
         elif type(value) is int:  # a counter (the step): JSON's text is Python's
             yield _path_json(path) + "=" + str(value)
