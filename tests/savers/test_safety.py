@@ -48,6 +48,7 @@ TABLES = (
     "agentcheck_blobs",
     "agentcheck_writes",
     "agentcheck_metadata_terms",
+    "agentcheck_pending_terms",
 )
 
 

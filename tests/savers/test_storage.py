@@ -4,6 +4,7 @@ filters answered from an index on both databases."""
 from __future__ import annotations
 
 import enum
+import json
 import operator
 import re
 import sqlite3
@@ -162,28 +163,190 @@ async def test_large_values_are_compressed(
         assert state.values["document"] == document
 
 
+def index_terms(kind: str, db: dict[str, str]) -> list[str]:
+    """The terms in the metadata index, sorted."""
+    rows = raw_sql(kind, **db, sql="SELECT term FROM agentcheck_metadata_terms")
+    return sorted(t for (t,) in rows)
+
+
+def pending_terms(kind: str, db: dict[str, str]) -> dict[str, list[str]]:
+    """The pending terms by checkpoint id (SQLite; PostgreSQL has none)."""
+    rows = raw_sql(kind, **db, sql="SELECT checkpoint_id, terms FROM agentcheck_pending_terms")
+    return {cid: json.loads(terms) for cid, terms in rows}
+
+
+async def move_pending_terms(kind: str, saver: Any) -> None:
+    """A put whose turn it is to move the pending terms into the index (of a thread of
+    its own, with no metadata)."""
+    saver._terms_puts = 0
+    config: Any = {"configurable": {"thread_id": "mover", "checkpoint_ns": ""}}
+    await call(saver, "put", kind, config, generate_checkpoint(), {}, {})
+
+
+@pytest.mark.parametrize("moved_before", [False, True], ids=["pending", "moved"])
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_checkpoint_stored_again_is_found_by_its_new_metadata_only(
-    kind: str, saver: Any, db: dict[str, str]
+    kind: str, saver: Any, db: dict[str, str], moved_before: bool
 ) -> None:
     """LangGraph stores a checkpoint a second time under the same id (durability="exit"
-    does at the end): its index terms are replaced, not added to."""
+    does at the end): its index terms are replaced, not added to, whether its first
+    terms were still pending or already in the index, before and after the move."""
     checkpoint = generate_checkpoint()
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    saver._terms_puts = 1  # the puts below leave their terms pending
     stored = await call(saver, "put", kind, config, checkpoint, {"step": 1, "who": "a", "x": 1}, {})
+    if moved_before:
+        await move_pending_terms(kind, saver)
     await call(saver, "put", kind, config, checkpoint, {"step": 1, "who": "b"}, {})
 
     async def found(flt: dict[str, Any]) -> list[str]:
         tuples = await collect(saver, "list", kind, None, filter=flt)
         return [t.config["configurable"]["checkpoint_id"] for t in tuples]
 
-    assert await found({"who": "a"}) == []
-    assert await found({"x": 1}) == []
-    assert await found({"who": "b"}) == [checkpoint["id"]]
-    assert await found({"step": 1, "who": "b"}) == [checkpoint["id"]]
-    terms = raw_sql(kind, **db, sql="SELECT term FROM agentcheck_metadata_terms")
-    assert sorted(t for (t,) in terms) == ['["step"]=1', '["who"]="b"']
+    new_terms = ['["step"]=1', '["who"]="b"']
+    for moved in (False, True):
+        if moved:
+            await move_pending_terms(kind, saver)
+        assert await found({"who": "a"}) == []
+        assert await found({"x": 1}) == []
+        assert await found({"who": "b"}) == [checkpoint["id"]]
+        assert await found({"step": 1, "who": "b"}) == [checkpoint["id"]]
+        if is_postgres(kind):  # written to the index directly
+            assert index_terms(kind, db) == new_terms
+        elif moved:
+            assert index_terms(kind, db) == new_terms
+            assert pending_terms(kind, db) == {}
+        else:
+            assert pending_terms(kind, db) == {checkpoint["id"]: new_terms}
     assert stored["configurable"]["checkpoint_id"] == checkpoint["id"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_filtered_list_merges_pending_and_indexed_terms_in_order(
+    kind: str, saver: Any
+) -> None:
+    """Checkpoints whose terms are pending and checkpoints whose terms were moved into
+    the index come back together, newest first, cut at the limit, under the thread and
+    ``before`` conditions: the same as filtering every checkpoint's metadata by hand."""
+    saver.move_terms_every = 7  # some moved, some pending (SQLite)
+    stored: list[tuple[str, str, dict[str, Any]]] = []  # (thread, id, metadata)
+    for i in range(40):
+        thread = f"t{i % 3}"
+        metadata = {"step": i, "user": f"u-{i % 4}", "parity": i % 2, "tags": {"k": i % 5}}
+        config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        checkpoint = generate_checkpoint()
+        await call(saver, "put", kind, config, checkpoint, metadata, {})
+        stored.append((thread, checkpoint["id"], metadata))
+    newest_first = sorted(stored, key=lambda row: row[1], reverse=True)
+    middle = newest_first[len(newest_first) // 2][1]
+
+    for flt in ({"user": "u-1"}, {"parity": 0, "user": "u-2"}, {"tags": {"k": 3}}, {"step": 13}):
+        for thread in (None, "t1"):
+            for before in (None, middle):
+                for limit in (None, 3):
+                    expected = [
+                        cid
+                        for t, cid, meta in newest_first
+                        if all(meta[k] == v for k, v in flt.items())
+                        and (thread is None or t == thread)
+                        and (before is None or cid < before)
+                    ][:limit]
+                    config = None if thread is None else {"configurable": {"thread_id": thread}}
+                    before_config = (
+                        None if before is None else {"configurable": {"checkpoint_id": before}}
+                    )
+                    tuples = await collect(
+                        saver, "list", kind, config, filter=flt, before=before_config, limit=limit
+                    )
+                    found = [t.config["configurable"]["checkpoint_id"] for t in tuples]
+                    assert found == expected, (flt, thread, before, limit)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_copies_prunes_and_deletes_take_pending_terms_along(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """A thread copied, pruned or deleted while its terms are pending is filtered as if
+    they were in the index, before the move and after it."""
+    saver._terms_puts = 1  # pending until moved
+    ids = []
+    for i in range(5):
+        config: Any = {"configurable": {"thread_id": "a", "checkpoint_ns": ""}}
+        checkpoint = generate_checkpoint()
+        await call(saver, "put", kind, config, checkpoint, {"user": "x", "step": i}, {})
+        ids.append(checkpoint["id"])
+
+    async def found(thread: str) -> list[str]:
+        config = {"configurable": {"thread_id": thread}}
+        tuples = await collect(saver, "list", kind, config, filter={"user": "x"})
+        return [t.config["configurable"]["checkpoint_id"] for t in tuples]
+
+    await call(saver, "copy_thread", kind, "a", "b")
+    await call(saver, "prune", kind, ["a"], strategy="keep_latest")
+    assert await found("a") == [ids[-1]]
+    assert await found("b") == ids[::-1]
+    await call(saver, "delete_thread", kind, "b")
+    assert await found("b") == []
+    if not is_postgres(kind):
+        pending = raw_sql(
+            kind, **db, sql="SELECT thread_id, checkpoint_id FROM agentcheck_pending_terms"
+        )
+        assert pending == [("a", ids[-1])]
+    await move_pending_terms(kind, saver)
+    assert await found("a") == [ids[-1]]
+    assert await found("b") == []
+    rows = raw_sql(kind, **db, sql="SELECT DISTINCT thread_id FROM agentcheck_metadata_terms")
+    assert sorted(t for (t,) in rows) == ["a"]  # the mover's checkpoint has no metadata
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"])
+async def test_pending_terms_left_behind_are_moved_by_the_next_saver(
+    kind: str, db: dict[str, str]
+) -> None:
+    """Terms a process left pending (it stopped before its turn to move them) are moved
+    by the first put of the next saver on the database; a pending row that is no JSON
+    array (damaged on disk) moves no term and fails no filter."""
+    async with open_saver(kind, **db) as first:
+        first._terms_puts = 1
+        for i in range(3):
+            config: Any = {"configurable": {"thread_id": f"t{i}", "checkpoint_ns": ""}}
+            await call(first, "put", kind, config, generate_checkpoint(), {"user": "x"}, {})
+    raw_sql(
+        kind,
+        **db,
+        sql="INSERT INTO agentcheck_pending_terms VALUES ('t9', '', 'c9', 'not json')",
+    )
+    async with open_saver(kind, **db) as second:
+        found = await collect(second, "list", kind, None, filter={"user": "x"})
+        assert len(found) == 3
+        assert pending_terms_count(kind, db) == 4
+        config = {"configurable": {"thread_id": "other", "checkpoint_ns": ""}}
+        await call(second, "put", kind, config, generate_checkpoint(), {"user": "y"}, {})
+        assert pending_terms_count(kind, db) == 0
+        assert index_terms(kind, db) == ['["user"]="x"'] * 3 + ['["user"]="y"']
+        found = await collect(second, "list", kind, None, filter={"user": "x"})
+        assert sorted(t.config["configurable"]["thread_id"] for t in found) == ["t0", "t1", "t2"]
+
+
+def pending_terms_count(kind: str, db: dict[str, str]) -> int:
+    return int(raw_sql(kind, **db, sql="SELECT COUNT(*) FROM agentcheck_pending_terms")[0][0])
+
+
+def test_moving_pending_terms_looks_up_their_checkpoints_only(sqlite_path: str) -> None:
+    """The move clears the index terms of the pending checkpoints by primary key, driven
+    from the pending rows, not by a scan of the index."""
+    from agentcheck.savers import SqliteSaver
+
+    with SqliteSaver.from_conn_string(sqlite_path) as saver:
+        saver.move_terms_every = 50
+        for i in range(300):
+            config: Any = {"configurable": {"thread_id": f"t{i % 30}", "checkpoint_ns": ""}}
+            saver.put(config, generate_checkpoint(), {"step": i, "user": f"u-{i % 7}"}, {})
+        saver.conn.execute("ANALYZE")
+    db = {"sqlite_path": sqlite_path, "pg_url": ""}
+    plan = _explain("sqlite", db, SQL.MOVE_PENDING_TERMS[0], ())
+    assert "SEARCH agentcheck_metadata_terms USING" in plan, plan
+    assert "SCAN agentcheck_metadata_terms" not in plan, plan
 
 
 class _Frozen(Mapping[str, Any]):

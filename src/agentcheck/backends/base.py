@@ -278,6 +278,18 @@ class SQL:
         "AND channel = ? AND version = ?"
     )
     CHECK_BLOB: str | None = None
+    # Where a put's metadata terms go. With PENDING_TERMS (SQLite), into
+    # agentcheck_pending_terms, one row per checkpoint (one B-tree page), moved into the
+    # index, agentcheck_metadata_terms, a few dozen checkpoints at a time: written one
+    # checkpoint at a time, each of a checkpoint's terms costs a page of its own in the
+    # term index (docs/savers.md, "Storage"). A checkpoint's pending row, when it has
+    # one, supersedes its terms in the index (it was stored again): a filtered list takes
+    # a checkpoint from the index only if it has none (LIST_NOT_PENDING), and from the
+    # pending rows (LIST_PENDING_KEYS); the move replaces the checkpoint's terms in the
+    # index. Without (PostgreSQL), a put replaces its terms in the index directly:
+    # writers there run concurrently, and a move racing a checkpoint stored again could
+    # leave its old terms behind.
+    PENDING_TERMS = True
     DELETE_TERMS_OF = (
         "DELETE FROM agentcheck_metadata_terms "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
@@ -287,6 +299,27 @@ class SQL:
     INSERT_TERM = (
         "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
         "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+    )
+    UPSERT_PENDING_TERMS = (
+        "INSERT INTO agentcheck_pending_terms (thread_id, checkpoint_ns, checkpoint_id, terms) "
+        "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) "
+        "DO UPDATE SET terms = excluded.terms"
+    )
+    # Every pending row into the index: the terms the index holds for those checkpoints
+    # (each a primary-key range, driven from the pending rows) replaced by the pending
+    # ones, then no pending row left. One writer at a time on SQLite: nothing is added in
+    # between. ``terms`` is a JSON array (encode_terms); a row that is not one moves no
+    # term (and no filter fails on it).
+    MOVE_PENDING_TERMS: tuple[str, ...] = (
+        "DELETE FROM agentcheck_metadata_terms "
+        "WHERE (thread_id, checkpoint_ns, checkpoint_id) IN "
+        "(SELECT thread_id, checkpoint_ns, checkpoint_id FROM agentcheck_pending_terms)",
+        "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
+        "SELECT p.thread_id, p.checkpoint_ns, p.checkpoint_id, j.value "
+        "FROM agentcheck_pending_terms p, "
+        "json_each(CASE WHEN json_valid(p.terms) THEN p.terms END) AS j "
+        "WHERE j.type = 'text' ON CONFLICT DO NOTHING",
+        "DELETE FROM agentcheck_pending_terms",
     )
     _WRITE_INSERT = (
         "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
@@ -325,6 +358,11 @@ class SQL:
         """The ``blob_keys`` column's value for these keys."""
         return _KEYS_ENCODER.encode(keys)
 
+    @staticmethod
+    def encode_terms(terms: Sequence[str]) -> str:
+        """A pending row's ``terms`` column for these terms."""
+        return _KEYS_ENCODER.encode(terms)
+
     # List queries are assembled from these fragments by the saver core. A filtered list
     # is driven from the metadata terms index (its first term), not from a table scan.
     LIST_SELECT = (
@@ -352,6 +390,31 @@ class SQL:
         "EXISTS (SELECT 1 FROM agentcheck_metadata_terms t WHERE t.term = ? "
         "AND t.thread_id = t0.thread_id AND t.checkpoint_ns = t0.checkpoint_ns "
         "AND t.checkpoint_id = t0.checkpoint_id)"
+    )
+    # With PENDING_TERMS: a checkpoint the index gives must have no pending row (which
+    # would supersede its terms there); the pending rows matching the filter (alias p,
+    # PENDING_TERM once per term) are added: ({indexed}) is the index's query, its own
+    # order and limit kept.
+    LIST_NOT_PENDING = (
+        "NOT EXISTS (SELECT 1 FROM agentcheck_pending_terms q WHERE q.thread_id = t0.thread_id "
+        "AND q.checkpoint_ns = t0.checkpoint_ns AND q.checkpoint_id = t0.checkpoint_id)"
+    )
+    LIST_PENDING_KEYS = (
+        "SELECT thread_id, checkpoint_ns, checkpoint_id FROM ({indexed}) AS i UNION "
+        "SELECT p.thread_id, p.checkpoint_ns, p.checkpoint_id FROM agentcheck_pending_terms p"
+    )
+    # Their checkpoints, each a primary-key look-up (CROSS JOIN fixes SQLite's join
+    # order: given the union as an IN list, it scans every checkpoint against it).
+    LIST_FROM_KEYS = (
+        "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type, "
+        "c.checkpoint, c.metadata_type, c.metadata FROM ({keys}) AS k "
+        "CROSS JOIN agentcheck_checkpoints c WHERE c.thread_id = k.thread_id "
+        "AND c.checkpoint_ns = k.checkpoint_ns AND c.checkpoint_id = k.checkpoint_id "
+        "ORDER BY c.checkpoint_id DESC"
+    )
+    PENDING_TERM = (
+        "EXISTS (SELECT 1 FROM json_each(CASE WHEN json_valid(p.terms) THEN p.terms END) AS j "
+        "WHERE j.value = ?)"
     )
 
     # Look-ups of many keys at once, across threads (the values and pending writes of
@@ -400,12 +463,15 @@ class SQL:
         "DELETE FROM agentcheck_writes WHERE thread_id = ?",
         "DELETE FROM agentcheck_blobs WHERE thread_id = ?",
         "DELETE FROM agentcheck_metadata_terms WHERE thread_id = ?",
+        "DELETE FROM agentcheck_pending_terms WHERE thread_id = ?",
         "DELETE FROM agentcheck_checkpoints WHERE thread_id = ?",
     )
     DELETE_CHECKPOINT = (
         "DELETE FROM agentcheck_writes "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
         "DELETE FROM agentcheck_metadata_terms "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+        "DELETE FROM agentcheck_pending_terms "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
         "DELETE FROM agentcheck_checkpoints "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
@@ -445,6 +511,9 @@ class SQL:
         "WHERE thread_id = ? ON CONFLICT DO NOTHING",
         "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
         "SELECT ?, checkpoint_ns, checkpoint_id, term FROM agentcheck_metadata_terms "
+        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+        "INSERT INTO agentcheck_pending_terms (thread_id, checkpoint_ns, checkpoint_id, terms) "
+        "SELECT ?, checkpoint_ns, checkpoint_id, terms FROM agentcheck_pending_terms "
         "WHERE thread_id = ? ON CONFLICT DO NOTHING",
     )
 
@@ -623,12 +692,26 @@ _V5 = (
 )
 
 
-def portable_migrations(blob_type: str, serial_type: str) -> tuple[tuple[str, ...], ...]:
-    """The migrations shared by both databases, given the binary column type and the
-    type of an auto-assigned integer primary key."""
+# Migration 6: the metadata terms of recent checkpoints, one row per checkpoint, until
+# they are moved into agentcheck_metadata_terms (see SQL.UPSERT_PENDING_TERMS). ``{keyed}``
+# makes the primary key the table itself where the database can (SQLite: WITHOUT ROWID).
+_V6 = (
+    "CREATE TABLE IF NOT EXISTS agentcheck_pending_terms ("
+    " thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT '',"
+    " checkpoint_id TEXT NOT NULL, terms TEXT NOT NULL,"
+    " PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)){keyed}",
+)
+
+
+def portable_migrations(
+    blob_type: str, serial_type: str, keyed: str = ""
+) -> tuple[tuple[str, ...], ...]:
+    """The migrations shared by both databases, given the binary column type, the type
+    of an auto-assigned integer primary key, and what follows a table keyed by its
+    primary key alone."""
     return tuple(
-        tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
-        for migration in (_V1, _V2, _V3, _V4, _V5)
+        tuple(stmt.format(blob=blob_type, serial=serial_type, keyed=keyed) for stmt in migration)
+        for migration in (_V1, _V2, _V3, _V4, _V5, _V6)
     )
 
 

@@ -37,6 +37,8 @@ class PostgresSQL(SQL):
     """PostgreSQL adds a transaction-scoped advisory lock around migrations, and keeps
     filter checks from being planned as joins."""
 
+    # A put replaces its terms in the index itself (see SQL.PENDING_TERMS).
+    PENDING_TERMS = False
     # 0x61676e74 = "agnt": an arbitrary constant shared by every agentcheck process.
     MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(1634168436)"
     # "OFFSET 0" keeps the planner from turning the check into a hash semi-join over

@@ -228,8 +228,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self._push_nodes: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         # Names this process in the runs it drives (agentcheck_runs.owner).
         self.owner = new_owner()
+        self._terms_puts = 0
 
     _journal: Journal | None = None
+    # Puts of a saver between two moves of the pending metadata terms into the index
+    # (SQL.PENDING_TERMS); its first put moves what earlier processes left. A filtered
+    # list reads the pending rows whole: a few dozen per writing process.
+    move_terms_every = 32
 
     @property
     def journal(self) -> Journal:
@@ -337,6 +342,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             current_v = int(str(current).split(".")[0])
         return f"{current_v + 1:016}.{random.getrandbits(52):013x}"
 
+    def _move_terms_due(self) -> bool:
+        """Whether this put moves the pending terms (counted loosely across threads: a
+        move more or less changes nothing but when the index catches up)."""
+        puts = self._terms_puts
+        self._terms_puts = puts + 1
+        return puts % self.move_terms_every == 0
+
     # -- put ------------------------------------------------------------------------
 
     def _put(
@@ -425,16 +437,26 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             self.sql.UPSERT_CHECKPOINT,
             (*key, parent_id, run_term, cp_type, cp_data, meta_type, meta_data, blob_keys),
         )
-        if 0 < len(terms) <= _CHUNK:
-            # The terms it had and no longer has (a checkpoint stored again), then the
-            # new ones: different rows (see Query.disjoint).
-            kept = [term for *_, term in terms]
-            delete = self.sql.DELETE_TERMS_EXCEPT.format(terms=in_list(len(kept)))
-            yield Query(delete, (*key, *kept), disjoint=True)
+        if self.sql.PENDING_TERMS:
+            # One pending row (which supersedes the terms the index may hold for this
+            # checkpoint, if it is stored again); every so many puts, they all move into
+            # the index (SQL.PENDING_TERMS).
+            pending = self.sql.encode_terms(sorted(term for *_, term in terms))
+            yield Query(self.sql.UPSERT_PENDING_TERMS, (*key, pending))
+            if self._move_terms_due():
+                for statement in self.sql.MOVE_PENDING_TERMS:
+                    yield Query(statement)
         else:
-            yield Query(self.sql.DELETE_TERMS_OF, key)
-        if terms:
-            yield Query(self.sql.INSERT_TERM, terms, many=True)
+            if 0 < len(terms) <= _CHUNK:
+                # The terms it had and no longer has (a checkpoint stored again), then
+                # the new ones: different rows (see Query.disjoint).
+                kept = [term for *_, term in terms]
+                delete = self.sql.DELETE_TERMS_EXCEPT.format(terms=in_list(len(kept)))
+                yield Query(delete, (*key, *kept), disjoint=True)
+            else:
+                yield Query(self.sql.DELETE_TERMS_OF, key)
+            if terms:
+                yield Query(self.sql.INSERT_TERM, terms, many=True)
         for after in remember:
             yield OnCommit(after)
         if self.journal_nodes:
@@ -566,12 +588,48 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         # from the rarest term, in checkpoint order, stopping at the limit), then their
         # checkpoints are read; without one, the checkpoints table is walked.
         alias = "t0" if terms else "c"
+        where, params = self._list_where(alias, config, before)
         if terms:
-            where.append(self.sql.LIST_FIRST_TERM)
-            params.append(terms[0])
-            for term in terms[1:]:
-                where.append(self.sql.LIST_TERM)
-                params.append(term)
+            where[:0] = [self.sql.LIST_FIRST_TERM] + [self.sql.LIST_TERM] * (len(terms) - 1)
+            params[:0] = terms
+        # With pending terms (SQL.PENDING_TERMS), matches come from the index and from
+        # the pending rows, which the same conditions then select.
+        pending = bool(terms) and self.sql.PENDING_TERMS
+        if pending:
+            where.append(self.sql.LIST_NOT_PENDING)
+        sql = self.sql.LIST_KEYS_BY_TERM if terms else self.sql.LIST_SELECT
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        # A literal, not a placeholder: PostgreSQL estimates a LIMIT it cannot see as a
+        # tenth of the rows, so it re-planned a filtered list at every call (120 us, more
+        # than running it) rather than keep its generic plan. int() leaves nothing but
+        # digits and a sign to put in the text.
+        limited = "" if limit is None else f" LIMIT {int(limit)}"
+        sql += f" ORDER BY {alias}.checkpoint_id DESC{limited}"
+        if pending:
+            more, more_params = self._list_where("p", config, before)
+            sql = (
+                self.sql.LIST_PENDING_KEYS.format(indexed=sql)
+                + " WHERE "
+                + " AND ".join([self.sql.PENDING_TERM] * len(terms) + more)
+            )
+            sql += f" ORDER BY checkpoint_id DESC{limited}"
+            params += terms + more_params
+            sql = self.sql.LIST_FROM_KEYS.format(keys=sql)
+        elif terms:
+            sql = self.sql.LIST_SELECT + self.sql.LIST_IN_KEYS.format(keys=sql)
+        rows = yield Query(sql, params, fetch=True)
+        if not rows:
+            return []
+        return (yield from self._assemble(rows))
+
+    @staticmethod
+    def _list_where(
+        alias: str, config: RunnableConfig | None, before: RunnableConfig | None
+    ) -> tuple[list[str], list[Any]]:
+        """A list's conditions on the keys of table ``alias``, and their parameters."""
+        where: list[str] = []
+        params: list[Any] = []
         if config is not None:
             conf = config.get("configurable", {})
             if conf.get("thread_id") is not None:
@@ -586,22 +644,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if before is not None and (before_id := get_checkpoint_id(before)):
             where.append(f"{alias}.checkpoint_id < ?")
             params.append(before_id)
-        sql = self.sql.LIST_KEYS_BY_TERM if terms else self.sql.LIST_SELECT
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY {alias}.checkpoint_id DESC"
-        if limit is not None:
-            # A literal, not a placeholder: PostgreSQL estimates a LIMIT it cannot see as a
-            # tenth of the rows, so it re-planned a filtered list at every call (120 us,
-            # more than running it) rather than keep its generic plan. int() leaves
-            # nothing but digits and a sign to put in the text.
-            sql += f" LIMIT {int(limit)}"
-        if terms:
-            sql = self.sql.LIST_SELECT + self.sql.LIST_IN_KEYS.format(keys=sql)
-        rows = yield Query(sql, params, fetch=True)
-        if not rows:
-            return []
-        return (yield from self._assemble(rows))
+        return where, params
 
     _term_stats: tuple[float, dict[str, float]] | None = None
 
