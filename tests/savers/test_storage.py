@@ -170,7 +170,7 @@ def index_terms(kind: str, db: dict[str, str]) -> list[str]:
 
 
 def pending_terms(kind: str, db: dict[str, str]) -> dict[str, list[str]]:
-    """The pending terms by checkpoint id (SQLite; PostgreSQL has none)."""
+    """The pending terms by checkpoint id (none on PostgreSQL, see SQL.PENDING_TERMS)."""
     rows = raw_sql(kind, **db, sql="SELECT checkpoint_id, terms FROM agentcheck_pending_terms")
     return {cid: json.loads(terms) for cid, terms in rows}
 
@@ -211,9 +211,7 @@ async def test_a_checkpoint_stored_again_is_found_by_its_new_metadata_only(
         assert await found({"x": 1}) == []
         assert await found({"who": "b"}) == [checkpoint["id"]]
         assert await found({"step": 1, "who": "b"}) == [checkpoint["id"]]
-        if is_postgres(kind):  # written to the index directly
-            assert index_terms(kind, db) == new_terms
-        elif moved:
+        if moved or not saver.sql.PENDING_TERMS:  # PostgreSQL: written to the index
             assert index_terms(kind, db) == new_terms
             assert pending_terms(kind, db) == {}
         else:
@@ -287,11 +285,10 @@ async def test_copies_prunes_and_deletes_take_pending_terms_along(
     assert await found("b") == ids[::-1]
     await call(saver, "delete_thread", kind, "b")
     assert await found("b") == []
-    if not is_postgres(kind):
-        pending = raw_sql(
-            kind, **db, sql="SELECT thread_id, checkpoint_id FROM agentcheck_pending_terms"
-        )
-        assert pending == [("a", ids[-1])]
+    pending = raw_sql(
+        kind, **db, sql="SELECT thread_id, checkpoint_id FROM agentcheck_pending_terms"
+    )
+    assert pending == ([("a", ids[-1])] if saver.sql.PENDING_TERMS else [])
     await move_pending_terms(kind, saver)
     assert await found("a") == [ids[-1]]
     assert await found("b") == []

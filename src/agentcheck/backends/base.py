@@ -286,9 +286,8 @@ class SQL:
     # one, supersedes its terms in the index (it was stored again): a filtered list takes
     # a checkpoint from the index only if it has none (LIST_NOT_PENDING), and from the
     # pending rows (LIST_PENDING_KEYS); the move replaces the checkpoint's terms in the
-    # index. Without (PostgreSQL), a put replaces its terms in the index directly:
-    # writers there run concurrently, and a move racing a checkpoint stored again could
-    # leave its old terms behind.
+    # index. Without (PostgreSQL, see there), a put replaces its terms in the index
+    # directly, and the pending table stays empty.
     PENDING_TERMS = True
     DELETE_TERMS_OF = (
         "DELETE FROM agentcheck_metadata_terms "
@@ -462,16 +461,17 @@ class SQL:
     DELETE_THREAD = (
         "DELETE FROM agentcheck_writes WHERE thread_id = ?",
         "DELETE FROM agentcheck_blobs WHERE thread_id = ?",
-        "DELETE FROM agentcheck_metadata_terms WHERE thread_id = ?",
+        # Pending terms before the index's: the order a move locks them in (PostgreSQL).
         "DELETE FROM agentcheck_pending_terms WHERE thread_id = ?",
+        "DELETE FROM agentcheck_metadata_terms WHERE thread_id = ?",
         "DELETE FROM agentcheck_checkpoints WHERE thread_id = ?",
     )
     DELETE_CHECKPOINT = (
         "DELETE FROM agentcheck_writes "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
-        "DELETE FROM agentcheck_metadata_terms "
-        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
         "DELETE FROM agentcheck_pending_terms "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
+        "DELETE FROM agentcheck_metadata_terms "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
         "DELETE FROM agentcheck_checkpoints "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",

@@ -37,7 +37,10 @@ class PostgresSQL(SQL):
     """PostgreSQL adds a transaction-scoped advisory lock around migrations, and keeps
     filter checks from being planned as joins."""
 
-    # A put replaces its terms in the index itself (see SQL.PENDING_TERMS).
+    # A put replaces its terms in the index itself (see SQL.PENDING_TERMS): here a
+    # table of pending rows, added and deleted at every put, fills with dead row
+    # versions until autovacuum comes, and a filtered list reads it whole (measured:
+    # 313 pages for 31 live rows after 20,000 puts, 0.16 ms of every filtered list).
     PENDING_TERMS = False
     # 0x61676e74 = "agnt": an arbitrary constant shared by every agentcheck process.
     MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(1634168436)"
