@@ -29,6 +29,7 @@ __all__ = [
     "Operation",
     "Query",
     "Rows",
+    "TERM_SEPARATOR",
     "adrive",
     "batch",
     "drive",
@@ -40,6 +41,8 @@ __all__ = [
 # json.dumps with arguments builds an encoder at every call: one, made once, for a value
 # written at every put.
 _KEYS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+# Ends each term in a pending row of metadata terms (SQL.encode_terms).
+TERM_SEPARATOR = chr(31)
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -280,14 +283,14 @@ class SQL:
     CHECK_BLOB: str | None = None
     # Where a put's metadata terms go. With PENDING_TERMS (SQLite), into
     # agentcheck_pending_terms, one row per checkpoint (one B-tree page), moved into the
-    # index, agentcheck_metadata_terms, a few dozen checkpoints at a time: written one
-    # checkpoint at a time, each of a checkpoint's terms costs a page of its own in the
-    # term index (docs/savers.md, "Storage"). A checkpoint's pending row, when it has
-    # one, supersedes its terms in the index (it was stored again): a filtered list takes
-    # a checkpoint from the index only if it has none (LIST_NOT_PENDING), and from the
-    # pending rows (LIST_PENDING_KEYS); the move replaces the checkpoint's terms in the
-    # index. Without (PostgreSQL, see there), a put replaces its terms in the index
-    # directly, and the pending table stays empty.
+    # index, agentcheck_metadata_terms, a few dozen checkpoints at a time (by the saver,
+    # see SaverCore._move_pending_terms): written one checkpoint at a time, each of a
+    # checkpoint's terms costs a page of its own in the term index (docs/savers.md,
+    # "Storage"). A checkpoint's pending row, when it has one, supersedes its terms in the
+    # index (it was stored again): a filtered list takes a checkpoint from the index only
+    # if it has none (LIST_NOT_PENDING), and from the pending rows (LIST_PENDING_KEYS);
+    # the move replaces the checkpoint's terms in the index. Without (PostgreSQL, see
+    # there), a put replaces its terms in the index directly.
     PENDING_TERMS = True
     DELETE_TERMS_OF = (
         "DELETE FROM agentcheck_metadata_terms "
@@ -304,22 +307,15 @@ class SQL:
         "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) "
         "DO UPDATE SET terms = excluded.terms"
     )
-    # Every pending row into the index: the terms the index holds for those checkpoints
-    # (each a primary-key range, driven from the pending rows) replaced by the pending
-    # ones, then no pending row left. One writer at a time on SQLite: nothing is added in
-    # between. ``terms`` is a JSON array (encode_terms); a row that is not one moves no
-    # term (and no filter fails on it).
-    MOVE_PENDING_TERMS: tuple[str, ...] = (
-        "DELETE FROM agentcheck_metadata_terms "
-        "WHERE (thread_id, checkpoint_ns, checkpoint_id) IN "
-        "(SELECT thread_id, checkpoint_ns, checkpoint_id FROM agentcheck_pending_terms)",
-        "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
-        "SELECT p.thread_id, p.checkpoint_ns, p.checkpoint_id, j.value "
-        "FROM agentcheck_pending_terms p, "
-        "json_each(CASE WHEN json_valid(p.terms) THEN p.terms END) AS j "
-        "WHERE j.type = 'text' ON CONFLICT DO NOTHING",
-        "DELETE FROM agentcheck_pending_terms",
+    # The pending rows, and whether their checkpoint is still there (a process of an
+    # earlier agentcheck deletes checkpoints without their pending rows).
+    SELECT_PENDING_TERMS = (
+        "SELECT p.thread_id, p.checkpoint_ns, p.checkpoint_id, p.terms, EXISTS (SELECT 1 "
+        "FROM agentcheck_checkpoints c WHERE c.thread_id = p.thread_id "
+        "AND c.checkpoint_ns = p.checkpoint_ns AND c.checkpoint_id = p.checkpoint_id) "
+        "FROM agentcheck_pending_terms p"
     )
+    DELETE_PENDING_TERMS = "DELETE FROM agentcheck_pending_terms"
     _WRITE_INSERT = (
         "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
         "idx, channel, type, blob, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -359,11 +355,22 @@ class SQL:
 
     @staticmethod
     def encode_terms(terms: Sequence[str]) -> str:
-        """A pending row's ``terms`` column for these terms."""
-        return _KEYS_ENCODER.encode(terms)
+        """A pending row's ``terms`` column: each term followed by the unit separator,
+        the first preceded by it too, so that a term is found by :data:`PENDING_TERM`
+        with one substring search (no term holds the separator: JSON escapes it, and
+        long or encrypted terms are hex digests)."""
+        return TERM_SEPARATOR + "".join(term + TERM_SEPARATOR for term in terms)
+
+    @staticmethod
+    def decode_terms(text: Any) -> list[str]:
+        """The terms of a pending row's ``terms`` column (none from one that is no text,
+        damaged)."""
+        return [term for term in text.split(TERM_SEPARATOR) if term] if type(text) is str else []
 
     # List queries are assembled from these fragments by the saver core. A filtered list
-    # is driven from the metadata terms index (its first term), not from a table scan.
+    # is driven from the metadata terms index (its first term), not from a scan of the
+    # checkpoints (nor of the index; only the pending terms, a few dozen rows, are read
+    # whole).
     LIST_SELECT = (
         "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type, "
         "c.checkpoint, c.metadata_type, c.metadata FROM agentcheck_checkpoints c"
@@ -392,16 +399,20 @@ class SQL:
     )
     # With PENDING_TERMS: a checkpoint the index gives must have no pending row (which
     # would supersede its terms there); the pending rows matching the filter (alias p,
-    # PENDING_TERM once per term) are added: ({indexed}) is the index's query, its own
-    # order and limit kept.
+    # PENDING_TERM once per term, given the term between separators) whose checkpoint is
+    # still there are added: ({indexed}) is the index's query, its own order and limit
+    # kept. The pending rows are read whole: a few dozen per writing process.
     LIST_NOT_PENDING = (
         "NOT EXISTS (SELECT 1 FROM agentcheck_pending_terms q WHERE q.thread_id = t0.thread_id "
         "AND q.checkpoint_ns = t0.checkpoint_ns AND q.checkpoint_id = t0.checkpoint_id)"
     )
     LIST_PENDING_KEYS = (
         "SELECT thread_id, checkpoint_ns, checkpoint_id FROM ({indexed}) AS i UNION "
-        "SELECT p.thread_id, p.checkpoint_ns, p.checkpoint_id FROM agentcheck_pending_terms p"
+        "SELECT p.thread_id, p.checkpoint_ns, p.checkpoint_id FROM agentcheck_pending_terms p "
+        "WHERE EXISTS (SELECT 1 FROM agentcheck_checkpoints x WHERE x.thread_id = p.thread_id "
+        "AND x.checkpoint_ns = p.checkpoint_ns AND x.checkpoint_id = p.checkpoint_id)"
     )
+    PENDING_TERM = "instr(p.terms, ?) > 0"
     # Their checkpoints, each a primary-key look-up (CROSS JOIN fixes SQLite's join
     # order: given the union as an IN list, it scans every checkpoint against it).
     LIST_FROM_KEYS = (
@@ -410,10 +421,6 @@ class SQL:
         "CROSS JOIN agentcheck_checkpoints c WHERE c.thread_id = k.thread_id "
         "AND c.checkpoint_ns = k.checkpoint_ns AND c.checkpoint_id = k.checkpoint_id "
         "ORDER BY c.checkpoint_id DESC"
-    )
-    PENDING_TERM = (
-        "EXISTS (SELECT 1 FROM json_each(CASE WHEN json_valid(p.terms) THEN p.terms END) AS j "
-        "WHERE j.value = ?)"
     )
 
     # Look-ups of many keys at once, across threads (the values and pending writes of
@@ -458,15 +465,14 @@ class SQL:
         "AND c.checkpoint_id = chain.checkpoint_id ORDER BY chain.depth"
     )
 
-    DELETE_THREAD = (
+    DELETE_THREAD: tuple[str, ...] = (
         "DELETE FROM agentcheck_writes WHERE thread_id = ?",
         "DELETE FROM agentcheck_blobs WHERE thread_id = ?",
-        # Pending terms before the index's: the order a move locks them in (PostgreSQL).
         "DELETE FROM agentcheck_pending_terms WHERE thread_id = ?",
         "DELETE FROM agentcheck_metadata_terms WHERE thread_id = ?",
         "DELETE FROM agentcheck_checkpoints WHERE thread_id = ?",
     )
-    DELETE_CHECKPOINT = (
+    DELETE_CHECKPOINT: tuple[str, ...] = (
         "DELETE FROM agentcheck_writes "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",
         "DELETE FROM agentcheck_pending_terms "
@@ -509,12 +515,21 @@ class SQL:
         "idx, channel, type, blob, task_path) SELECT ?, checkpoint_ns, checkpoint_id, "
         "task_id, idx, channel, type, blob, task_path FROM agentcheck_writes "
         "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+    )
+    # Run before COPY_THREAD, given (target, source, target): the metadata terms of the
+    # checkpoints the target does not have (one it has keeps its own row, so its own
+    # terms too).
+    COPY_THREAD_TERMS: tuple[str, ...] = (
         "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
-        "SELECT ?, checkpoint_ns, checkpoint_id, term FROM agentcheck_metadata_terms "
-        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+        "SELECT ?, s.checkpoint_ns, s.checkpoint_id, s.term FROM agentcheck_metadata_terms s "
+        "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
+        "WHERE c.thread_id = ? AND c.checkpoint_ns = s.checkpoint_ns "
+        "AND c.checkpoint_id = s.checkpoint_id) ON CONFLICT DO NOTHING",
         "INSERT INTO agentcheck_pending_terms (thread_id, checkpoint_ns, checkpoint_id, terms) "
-        "SELECT ?, checkpoint_ns, checkpoint_id, terms FROM agentcheck_pending_terms "
-        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+        "SELECT ?, s.checkpoint_ns, s.checkpoint_id, s.terms FROM agentcheck_pending_terms s "
+        "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
+        "WHERE c.thread_id = ? AND c.checkpoint_ns = s.checkpoint_ns "
+        "AND c.checkpoint_id = s.checkpoint_id) ON CONFLICT DO NOTHING",
     )
 
     # -- journal: runs, events, steps ---------------------------------------------------
@@ -692,26 +707,26 @@ _V5 = (
 )
 
 
-# Migration 6: the metadata terms of recent checkpoints, one row per checkpoint, until
-# they are moved into agentcheck_metadata_terms (see SQL.UPSERT_PENDING_TERMS). ``{keyed}``
-# makes the primary key the table itself where the database can (SQLite: WITHOUT ROWID).
+# Migration 6: on SQLite, the metadata terms of recent checkpoints, one row per checkpoint,
+# until they are moved into agentcheck_metadata_terms (see SQL.PENDING_TERMS); nothing on
+# PostgreSQL, which writes the index directly (the version is recorded all the same).
 _V6 = (
     "CREATE TABLE IF NOT EXISTS agentcheck_pending_terms ("
     " thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT '',"
     " checkpoint_id TEXT NOT NULL, terms TEXT NOT NULL,"
-    " PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)){keyed}",
+    " PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)) WITHOUT ROWID",
 )
 
 
 def portable_migrations(
-    blob_type: str, serial_type: str, keyed: str = ""
+    blob_type: str, serial_type: str, *, pending_terms: bool
 ) -> tuple[tuple[str, ...], ...]:
     """The migrations shared by both databases, given the binary column type, the type
-    of an auto-assigned integer primary key, and what follows a table keyed by its
-    primary key alone."""
+    of an auto-assigned integer primary key, and whether the database keeps pending
+    metadata terms (SQLite)."""
     return tuple(
-        tuple(stmt.format(blob=blob_type, serial=serial_type, keyed=keyed) for stmt in migration)
-        for migration in (_V1, _V2, _V3, _V4, _V5, _V6)
+        tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
+        for migration in (_V1, _V2, _V3, _V4, _V5, _V6 if pending_terms else ())
     )
 
 

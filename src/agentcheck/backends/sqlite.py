@@ -24,9 +24,8 @@ class SqliteSQL(SQL):
     """SQLite uses the portable SQL as it is."""
 
 
-# INTEGER PRIMARY KEY is the rowid: assigned in insert order. WITHOUT ROWID: a table
-# that is only its primary key is one B-tree, not a table and an index.
-MIGRATIONS = portable_migrations("BLOB", "INTEGER PRIMARY KEY", " WITHOUT ROWID")
+# INTEGER PRIMARY KEY is the rowid: assigned in insert order.
+MIGRATIONS = portable_migrations("BLOB", "INTEGER PRIMARY KEY", pending_terms=True)
 
 # Set in one place, on every connection agentcheck opens:
 # - WAL lets readers run while one writer commits, across processes;

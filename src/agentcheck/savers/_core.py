@@ -13,7 +13,9 @@ Storage layout (see docs/savers.md):
 * ``agentcheck_blobs``: one row per (channel, version): a value is stored once however
   many checkpoints carry it;
 * ``agentcheck_writes``: pending writes;
-* ``agentcheck_metadata_terms``: one row per metadata (key path, value) for indexed filters.
+* ``agentcheck_metadata_terms``: one row per metadata (key path, value) for indexed filters;
+* ``agentcheck_pending_terms`` (SQLite): the terms of recent checkpoints, one row each,
+  until they are moved into the index (see SQL.PENDING_TERMS).
 """
 
 from __future__ import annotations
@@ -45,7 +47,16 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT
 
 from agentcheck._errors import CorruptDataError
-from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
+from agentcheck.backends.base import (
+    SQL,
+    TERM_SEPARATOR,
+    OnCommit,
+    Operation,
+    Query,
+    Rows,
+    batch,
+    in_list,
+)
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import OUTSIDE_EDITS, UPDATE_PATH, RunJournal, node_name, triggers
@@ -343,11 +354,28 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         return f"{current_v + 1:016}.{random.getrandbits(52):013x}"
 
     def _move_terms_due(self) -> bool:
-        """Whether this put moves the pending terms (counted loosely across threads: a
-        move more or less changes nothing but when the index catches up)."""
+        """Whether this put moves the pending terms. (The saver's operations run one at
+        a time; were two to count at once, a move more or less would only change when
+        the index catches up.)"""
         puts = self._terms_puts
         self._terms_puts = puts + 1
         return puts % self.move_terms_every == 0
+
+    def _move_pending_terms(self) -> Operation[None]:
+        """Move every pending row into the index: the checkpoint's terms there replaced
+        by the row's (SQL.PENDING_TERMS). A row whose checkpoint is gone moves nothing.
+        (SQLite only: one writer at a time, so no row is added meanwhile.)"""
+        rows = yield Query(self.sql.SELECT_PENDING_TERMS, fetch=True)
+        if not rows:
+            return None
+        yield Query(self.sql.DELETE_TERMS_OF, [tuple(row[:3]) for row in rows], many=True)
+        terms = [
+            (*row[:3], term) for row in rows if row[4] for term in self.sql.decode_terms(row[3])
+        ]
+        if terms:
+            yield Query(self.sql.INSERT_TERM, terms, many=True)
+        yield Query(self.sql.DELETE_PENDING_TERMS)
+        return None
 
     # -- put ------------------------------------------------------------------------
 
@@ -444,8 +472,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             pending = self.sql.encode_terms(sorted(term for *_, term in terms))
             yield Query(self.sql.UPSERT_PENDING_TERMS, (*key, pending))
             if self._move_terms_due():
-                for statement in self.sql.MOVE_PENDING_TERMS:
-                    yield Query(statement)
+                yield from self._move_pending_terms()
         else:
             if 0 < len(terms) <= _CHUNK:
                 # The terms it had and no longer has (a checkpoint stored again), then
@@ -579,14 +606,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         before: RunnableConfig | None,
         limit: int | None,
     ) -> Operation[list[CheckpointTuple]]:
-        where: list[str] = []
-        params: list[Any] = []
         terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
         if len(terms) > 1:
             terms = yield from self._rarest_first(terms)
-        # With a filter, the matching keys are found in the terms index alone (driven
-        # from the rarest term, in checkpoint order, stopping at the limit), then their
-        # checkpoints are read; without one, the checkpoints table is walked.
+        # With a filter, the matching keys are found in the terms index (driven from the
+        # rarest term, in checkpoint order, stopping at the limit) and, on SQLite, in the
+        # pending terms, then their checkpoints are read; without one, the checkpoints
+        # table is walked.
         alias = "t0" if terms else "c"
         where, params = self._list_where(alias, config, before)
         if terms:
@@ -610,11 +636,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             more, more_params = self._list_where("p", config, before)
             sql = (
                 self.sql.LIST_PENDING_KEYS.format(indexed=sql)
-                + " WHERE "
+                + " AND "
                 + " AND ".join([self.sql.PENDING_TERM] * len(terms) + more)
             )
             sql += f" ORDER BY checkpoint_id DESC{limited}"
-            params += terms + more_params
+            sep = TERM_SEPARATOR
+            params += [sep + term + sep for term in terms] + more_params
             sql = self.sql.LIST_FROM_KEYS.format(keys=sql)
         elif terms:
             sql = self.sql.LIST_SELECT + self.sql.LIST_IN_KEYS.format(keys=sql)

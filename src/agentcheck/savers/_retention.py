@@ -76,8 +76,11 @@ class RetentionCore(SaverCore):
         return None
 
     def _copy_thread(self, source_thread_id: str, target_thread_id: str) -> Operation[None]:
+        target, source = str(target_thread_id), str(source_thread_id)
+        for statement in self.sql.COPY_THREAD_TERMS:  # before the checkpoints they follow
+            yield Query(statement, (target, source, target))
         for statement in self.sql.COPY_THREAD:
-            yield Query(statement, (str(target_thread_id), str(source_thread_id)))
+            yield Query(statement, (target, source))
         return None
 
     def _prune(self, thread_ids: Sequence[str], strategy: str) -> Operation[None]:

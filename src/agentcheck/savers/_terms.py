@@ -1,8 +1,9 @@
 """Metadata index terms: one ``path=value`` string per metadata leaf.
 
-A filtered ``list`` finds checkpoints through these terms (``agentcheck_metadata_terms``),
-on both databases, and the same way when the metadata itself is encrypted (the saver then
-stores a keyed hash of each term). See docs/savers.md, "Storage".
+A filtered ``list`` finds checkpoints through these terms (``agentcheck_metadata_terms``,
+and on SQLite ``agentcheck_pending_terms`` until they are moved there), on both
+databases, and the same way when the metadata itself is encrypted (the saver then stores
+a keyed hash of each term). See docs/savers.md, "Storage".
 """
 
 from __future__ import annotations
