@@ -240,7 +240,14 @@ async def test_a_filtered_list_merges_pending_and_indexed_terms_in_order(
     newest_first = sorted(stored, key=lambda row: row[1], reverse=True)
     middle = newest_first[len(newest_first) // 2][1]
 
-    for flt in ({"user": "u-1"}, {"parity": 0, "user": "u-2"}, {"tags": {"k": 3}}, {"step": 13}):
+    filters: list[dict[str, Any]] = [
+        {"user": "u-1"},
+        {"parity": 0, "user": "u-2"},
+        {"tags": {"k": 3}},
+        {"step": 13},
+        {"step": 3},  # a term that begins others: steps 36 to 39 are pending
+    ]
+    for flt in filters:
         for thread in (None, "t1"):
             for before in (None, middle):
                 for limit in (None, 3):
@@ -339,44 +346,34 @@ def pending_terms_count(kind: str, db: dict[str, str]) -> int:
     return int(raw_sql(kind, **db, sql="SELECT COUNT(*) FROM agentcheck_pending_terms")[0][0])
 
 
-def test_a_filtered_list_does_not_parse_the_pending_terms(sqlite_path: str) -> None:
-    """While checkpoints with large metadata (2,000 leaves each) have their terms
-    pending, a filtered list finds a term in each pending row with one substring search:
-    it runs about as few SQLite instructions as once the terms are in the index (counted
-    by SQLite's progress handler, in thousands)."""
-    from agentcheck.savers import SqliteSaver
+@pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"])
+async def test_large_metadata_goes_to_the_index_directly(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """Metadata whose terms exceed 1 KiB is not left pending (every filtered list reads
+    the pending rows whole): its terms go into the index at once, and a checkpoint
+    stored again switches between the two ways with its terms replaced each time."""
+    saver._terms_puts = 1  # no move of its own below
+    checkpoint = generate_checkpoint()
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    large = {"who": "big", "cfg": {f"option-{j}": j for j in range(100)}}
 
-    def instructions(saver: Any) -> int:
-        steps = 0
+    async def found(flt: dict[str, Any]) -> list[str]:
+        tuples = await collect(saver, "list", kind, None, filter=flt)
+        return [t.config["configurable"]["checkpoint_id"] for t in tuples]
 
-        def tick() -> int:
-            nonlocal steps
-            steps += 1
-            return 0
-
-        saver.conn.set_progress_handler(tick, 1000)
-        try:
-            assert list(saver.list(None, filter={"user": "nobody"})) == []
-        finally:
-            saver.conn.set_progress_handler(None, 1000)
-        return steps
-
-    with SqliteSaver.from_conn_string(sqlite_path) as saver:
-        for i in range(32):  # the first put moves, the 31 others stay pending
-            metadata = {"user": f"u{i}", "cfg": {f"opt{j}": j for j in range(2000)}}
-            config: Any = {"configurable": {"thread_id": f"t{i}", "checkpoint_ns": ""}}
-            saver.put(config, generate_checkpoint(), metadata, {})
-        assert pending_terms_count("sqlite", {"sqlite_path": sqlite_path, "pg_url": ""}) == 31
-        pending = instructions(saver)
-        saver._terms_puts = 0
-        saver.put(
-            {"configurable": {"thread_id": "mover", "checkpoint_ns": ""}},
-            generate_checkpoint(),
-            {},
-            {},
-        )
-        moved = instructions(saver)
-    assert pending <= moved + 1, (pending, moved)
+    await call(saver, "put", kind, config, checkpoint, {"who": "small"}, {})
+    assert pending_terms(kind, db) == {checkpoint["id"]: ['["who"]="small"']}
+    await call(saver, "put", kind, config, checkpoint, large, {})
+    assert pending_terms(kind, db) == {}
+    assert len(index_terms(kind, db)) == 101
+    assert await found({"who": "big", "cfg": {"option-7": 7}}) == [checkpoint["id"]]
+    assert await found({"who": "small"}) == []
+    await call(saver, "put", kind, config, checkpoint, {"who": "again"}, {})
+    assert await found({"who": "again"}) == [checkpoint["id"]]
+    assert await found({"who": "big"}) == []
+    await move_pending_terms(kind, saver)
+    assert index_terms(kind, db) == ['["who"]="again"']
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -412,6 +409,52 @@ async def test_copy_thread_onto_a_checkpoint_the_target_has_keeps_its_own_terms(
         assert await found("b", "a2") == []
         assert await found("b", "a") == []
         assert await found("a", "a2") == [checkpoint["id"]]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_copy_thread_onto_a_checkpoint_the_target_has_keeps_its_own_writes(
+    kind: str, saver: Any
+) -> None:
+    """A checkpoint the target already has keeps its own pending writes too: the
+    source's are not added to them."""
+    checkpoint = generate_checkpoint()
+    stored = {}
+    for thread in ("a", "b"):
+        config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        stored[thread] = await call(saver, "put", kind, config, checkpoint, {"who": thread}, {})
+        writes = [("ch", f"from {thread}")]
+        await call(saver, "put_writes", kind, stored[thread], writes, f"task-{thread}")
+    await call(saver, "copy_thread", kind, "a", "b")
+    got = await call(saver, "get_tuple", kind, stored["b"])
+    assert got is not None and got.metadata["who"] == "b"
+    assert got.pending_writes == [("task-b", "ch", "from b")]
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["pending", "moved"])
+@pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"])
+async def test_a_copy_is_not_superseded_by_pending_terms_left_on_the_target(
+    kind: str, saver: Any, db: dict[str, str], moved: bool
+) -> None:
+    """Pending terms a process of an earlier version left on the target thread (it
+    deleted the checkpoint, not its pending row) do not supersede the terms of the
+    checkpoint copied there, whether the source's are pending or in the index."""
+    saver._terms_puts = 1
+    checkpoint = generate_checkpoint()
+    source: Any = {"configurable": {"thread_id": "src", "checkpoint_ns": ""}}
+    await call(saver, "put", kind, source, checkpoint, {"who": "new"}, {})
+    if moved:
+        await move_pending_terms(kind, saver)
+    raw_sql(
+        kind,
+        **db,
+        sql="INSERT INTO agentcheck_pending_terms VALUES ('dst', '', ?, ?)",
+        params=(checkpoint["id"], SQL.encode_terms(['["who"]="old"'])),
+    )
+    await call(saver, "copy_thread", kind, "src", "dst")
+    target = {"configurable": {"thread_id": "dst"}}
+    for who, expected in (("old", []), ("new", [checkpoint["id"]])):
+        tuples = await collect(saver, "list", kind, target, filter={"who": who})
+        assert [t.config["configurable"]["checkpoint_id"] for t in tuples] == expected, who
 
 
 class _Frozen(Mapping[str, Any]):

@@ -41,7 +41,8 @@ __all__ = [
 # json.dumps with arguments builds an encoder at every call: one, made once, for a value
 # written at every put.
 _KEYS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-# Ends each term in a pending row of metadata terms (SQL.encode_terms).
+# Put between the terms of a pending row of metadata terms, and before and after them
+# (SQL.encode_terms).
 TERM_SEPARATOR = chr(31)
 
 T = TypeVar("T")
@@ -302,6 +303,10 @@ class SQL:
         "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
         "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
     )
+    DELETE_PENDING_TERMS_OF = (
+        "DELETE FROM agentcheck_pending_terms "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+    )
     UPSERT_PENDING_TERMS = (
         "INSERT INTO agentcheck_pending_terms (thread_id, checkpoint_ns, checkpoint_id, terms) "
         "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) "
@@ -369,8 +374,8 @@ class SQL:
 
     # List queries are assembled from these fragments by the saver core. A filtered list
     # is driven from the metadata terms index (its first term), not from a scan of the
-    # checkpoints (nor of the index; only the pending terms, a few dozen rows, are read
-    # whole).
+    # checkpoints (nor of the index; only the pending terms, up to 31 small rows per
+    # saver writing, are read whole).
     LIST_SELECT = (
         "SELECT c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_checkpoint_id, c.type, "
         "c.checkpoint, c.metadata_type, c.metadata FROM agentcheck_checkpoints c"
@@ -401,7 +406,8 @@ class SQL:
     # would supersede its terms there); the pending rows matching the filter (alias p,
     # PENDING_TERM once per term, given the term between separators) whose checkpoint is
     # still there are added: ({indexed}) is the index's query, its own order and limit
-    # kept. The pending rows are read whole: a few dozen per writing process.
+    # kept. The pending rows are read whole: at most 31 per saver writing, each of at
+    # most 1 KiB of terms (SaverCore._put).
     LIST_NOT_PENDING = (
         "NOT EXISTS (SELECT 1 FROM agentcheck_pending_terms q WHERE q.thread_id = t0.thread_id "
         "AND q.checkpoint_ns = t0.checkpoint_ns AND q.checkpoint_id = t0.checkpoint_id)"
@@ -502,24 +508,18 @@ class SQL:
         "SELECT channel, version, type FROM agentcheck_blobs "
         "WHERE thread_id = ? AND checkpoint_ns = ?"
     )
-    COPY_THREAD = (
-        "INSERT INTO agentcheck_checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
-        "parent_checkpoint_id, run_id, type, checkpoint, metadata_type, metadata, blob_keys) "
-        "SELECT ?, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, "
-        "checkpoint, metadata_type, metadata, blob_keys FROM agentcheck_checkpoints "
-        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
-        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
-        "SELECT ?, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
-        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+    # A thread copied: first, given (target, source, target), what belongs to the
+    # checkpoints the target does not have (their pending writes, metadata terms and
+    # pending terms): a checkpoint the target has keeps its own row and all that goes
+    # with it. Then, given (target, source), the checkpoints and the stored values (a
+    # version is the same value in both threads).
+    COPY_THREAD_BEFORE: tuple[str, ...] = (
         "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
-        "idx, channel, type, blob, task_path) SELECT ?, checkpoint_ns, checkpoint_id, "
-        "task_id, idx, channel, type, blob, task_path FROM agentcheck_writes "
-        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
-    )
-    # Run before COPY_THREAD, given (target, source, target): the metadata terms of the
-    # checkpoints the target does not have (one it has keeps its own row, so its own
-    # terms too).
-    COPY_THREAD_TERMS: tuple[str, ...] = (
+        "idx, channel, type, blob, task_path) SELECT ?, s.checkpoint_ns, s.checkpoint_id, "
+        "s.task_id, s.idx, s.channel, s.type, s.blob, s.task_path FROM agentcheck_writes s "
+        "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
+        "WHERE c.thread_id = ? AND c.checkpoint_ns = s.checkpoint_ns "
+        "AND c.checkpoint_id = s.checkpoint_id) ON CONFLICT DO NOTHING",
         "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
         "SELECT ?, s.checkpoint_ns, s.checkpoint_id, s.term FROM agentcheck_metadata_terms s "
         "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
@@ -530,6 +530,25 @@ class SQL:
         "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
         "WHERE c.thread_id = ? AND c.checkpoint_ns = s.checkpoint_ns "
         "AND c.checkpoint_id = s.checkpoint_id) ON CONFLICT DO NOTHING",
+    )
+    COPY_THREAD = (
+        "INSERT INTO agentcheck_checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
+        "parent_checkpoint_id, run_id, type, checkpoint, metadata_type, metadata, blob_keys) "
+        "SELECT ?, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, type, "
+        "checkpoint, metadata_type, metadata, blob_keys FROM agentcheck_checkpoints "
+        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
+        "SELECT ?, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
+        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+    )
+    # A thread's pending rows whose checkpoint is gone (a process of an earlier version
+    # deleted it): dropped before the thread gets copied checkpoints, which they would
+    # otherwise supersede.
+    DELETE_ORPHAN_PENDING_TERMS = (
+        "DELETE FROM agentcheck_pending_terms WHERE thread_id = ? AND NOT EXISTS (SELECT 1 "
+        "FROM agentcheck_checkpoints c WHERE c.thread_id = agentcheck_pending_terms.thread_id "
+        "AND c.checkpoint_ns = agentcheck_pending_terms.checkpoint_ns "
+        "AND c.checkpoint_id = agentcheck_pending_terms.checkpoint_id)"
     )
 
     # -- journal: runs, events, steps ---------------------------------------------------
@@ -721,9 +740,9 @@ _V6 = (
 def portable_migrations(
     blob_type: str, serial_type: str, *, pending_terms: bool
 ) -> tuple[tuple[str, ...], ...]:
-    """The migrations shared by both databases, given the binary column type, the type
-    of an auto-assigned integer primary key, and whether the database keeps pending
-    metadata terms (SQLite)."""
+    """The migrations, written once for both databases, given the binary column type,
+    the type of an auto-assigned integer primary key, and whether the database keeps
+    pending metadata terms (SQLite; migration 6 is empty without)."""
     return tuple(
         tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
         for migration in (_V1, _V2, _V3, _V4, _V5, _V6 if pending_terms else ())

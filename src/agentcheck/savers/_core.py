@@ -79,6 +79,10 @@ _COMMON_KEYS = ('["source"]=', '["step"]=', '["parents"')  # terms shared by man
 _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
 _TERM_STATS_TTL = 60.0  # seconds a saver keeps the database's statistics of terms
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
+# A checkpoint's metadata terms are left pending (SQL.PENDING_TERMS) up to this many
+# characters (a row of one B-tree page, no overflow): every filtered list reads the
+# pending rows whole.
+_PENDING_TERMS_MAX = 1024
 _ROW_COMPRESS_MIN = 2048  # checkpoint rows from this size up are compressed
 # When encrypting, values are compressed only from this size up: compressing before
 # encrypting lets the ciphertext's length tell how compressible a value is, which gives
@@ -243,8 +247,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
     _journal: Journal | None = None
     # Puts of a saver between two moves of the pending metadata terms into the index
-    # (SQL.PENDING_TERMS); its first put moves what earlier processes left. A filtered
-    # list reads the pending rows whole: a few dozen per writing process.
+    # (SQL.PENDING_TERMS); its first put moves what earlier savers left. A filtered list
+    # reads the pending rows whole: up to 31 per saver writing.
     move_terms_every = 32
 
     @property
@@ -465,15 +469,22 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             self.sql.UPSERT_CHECKPOINT,
             (*key, parent_id, run_term, cp_type, cp_data, meta_type, meta_data, blob_keys),
         )
+        pending = ""
         if self.sql.PENDING_TERMS:
+            pending = self.sql.encode_terms(sorted(term for *_, term in terms))
+        if 0 < len(pending) <= _PENDING_TERMS_MAX:
             # One pending row (which supersedes the terms the index may hold for this
             # checkpoint, if it is stored again); every so many puts, they all move into
             # the index (SQL.PENDING_TERMS).
-            pending = self.sql.encode_terms(sorted(term for *_, term in terms))
             yield Query(self.sql.UPSERT_PENDING_TERMS, (*key, pending))
             if self._move_terms_due():
                 yield from self._move_pending_terms()
         else:
+            # Into the index, as on PostgreSQL: metadata too large to be read whole by
+            # every filtered list while pending. (Its pending row, were it stored
+            # again, would supersede them.)
+            if pending:
+                yield Query(self.sql.DELETE_PENDING_TERMS_OF, key)
             if 0 < len(terms) <= _CHUNK:
                 # The terms it had and no longer has (a checkpoint stored again), then
                 # the new ones: different rows (see Query.disjoint).

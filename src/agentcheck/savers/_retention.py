@@ -77,7 +77,9 @@ class RetentionCore(SaverCore):
 
     def _copy_thread(self, source_thread_id: str, target_thread_id: str) -> Operation[None]:
         target, source = str(target_thread_id), str(source_thread_id)
-        for statement in self.sql.COPY_THREAD_TERMS:  # before the checkpoints they follow
+        if self.sql.PENDING_TERMS:
+            yield Query(self.sql.DELETE_ORPHAN_PENDING_TERMS, (target,))
+        for statement in self.sql.COPY_THREAD_BEFORE:  # before the checkpoints they follow
             yield Query(statement, (target, source, target))
         for statement in self.sql.COPY_THREAD:
             yield Query(statement, (target, source))
