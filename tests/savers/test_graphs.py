@@ -800,3 +800,30 @@ async def test_delta_channel_prune_keep_latest_keeps_state(kind: str, db: dict[s
         copy = await call(graph, "invoke", kind, {"n": DELTA_STEPS}, thread("unpruned"))
         assert out == copy
         assert out == {"n": DELTA_STEPS + 3, "events": expected_events(DELTA_STEPS + 3)}
+
+
+@parametrize_kinds
+async def test_a_thread_copied_again_carries_the_writes_a_delta_channel_needs(
+    kind: str, saver: Any
+) -> None:
+    """A thread copied while paused, resumed, then copied again: the checkpoint it paused
+    at, which the copy has already, gets the writes its task made since, so the copy
+    rebuilds the DeltaChannel from its ancestors' writes as the source does."""
+
+    def tick(state: Deltas) -> dict[str, Any]:
+        n = state["n"] + 1
+        return {"n": n, "events": [f"e{n}"]}
+
+    builder = StateGraph(Deltas)
+    builder.add_node("tick", tick)
+    builder.add_edge(START, "tick")
+    builder.add_conditional_edges("tick", lambda s: END if s["n"] >= 4 else "tick", ["tick", END])
+    graph = builder.compile(checkpointer=saver, interrupt_before=["tick"])
+    await call(graph, "invoke", kind, {"n": 0, "events": []}, thread("src"))
+    await call(saver, "copy_thread", kind, "src", "dst")
+    await call(graph, "invoke", kind, None, thread("src"))  # tick runs, then pauses again
+    await call(saver, "copy_thread", kind, "src", "dst")
+    source = await call(graph, "get_state", kind, thread("src"))
+    copy = await call(graph, "get_state", kind, thread("dst"))
+    assert source.values == {"n": 1, "events": ["e1"]}
+    assert copy.values == source.values

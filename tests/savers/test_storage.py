@@ -350,7 +350,7 @@ def pending_terms_count(kind: str, db: dict[str, str]) -> int:
 async def test_large_metadata_goes_to_the_index_directly(
     kind: str, saver: Any, db: dict[str, str]
 ) -> None:
-    """Metadata whose terms exceed 1 KiB is not left pending (every filtered list reads
+    """Metadata whose terms exceed 800 characters is not left pending (every filtered list reads
     the pending rows whole): its terms go into the index at once, and a checkpoint
     stored again switches between the two ways with its terms replaced each time."""
     saver._terms_puts = 1  # no move of its own below
@@ -411,25 +411,6 @@ async def test_copy_thread_onto_a_checkpoint_the_target_has_keeps_its_own_terms(
         assert await found("a", "a2") == [checkpoint["id"]]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_copy_thread_onto_a_checkpoint_the_target_has_keeps_its_own_writes(
-    kind: str, saver: Any
-) -> None:
-    """A checkpoint the target already has keeps its own pending writes too: the
-    source's are not added to them."""
-    checkpoint = generate_checkpoint()
-    stored = {}
-    for thread in ("a", "b"):
-        config: Any = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-        stored[thread] = await call(saver, "put", kind, config, checkpoint, {"who": thread}, {})
-        writes = [("ch", f"from {thread}")]
-        await call(saver, "put_writes", kind, stored[thread], writes, f"task-{thread}")
-    await call(saver, "copy_thread", kind, "a", "b")
-    got = await call(saver, "get_tuple", kind, stored["b"])
-    assert got is not None and got.metadata["who"] == "b"
-    assert got.pending_writes == [("task-b", "ch", "from b")]
-
-
 @pytest.mark.parametrize("moved", [False, True], ids=["pending", "moved"])
 @pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"])
 async def test_a_copy_is_not_superseded_by_pending_terms_left_on_the_target(
@@ -455,6 +436,47 @@ async def test_a_copy_is_not_superseded_by_pending_terms_left_on_the_target(
     for who, expected in (("old", []), ("new", [checkpoint["id"]])):
         tuples = await collect(saver, "list", kind, target, filter={"who": who})
         assert [t.config["configurable"]["checkpoint_id"] for t in tuples] == expected, who
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"])
+async def test_a_copy_takes_no_pending_terms_of_checkpoints_the_source_lacks(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """Pending terms left on the source by an earlier version (of a checkpoint deleted
+    since) are not copied to the target."""
+    saver._terms_puts = 1
+    checkpoint = generate_checkpoint()
+    source: Any = {"configurable": {"thread_id": "src", "checkpoint_ns": ""}}
+    await call(saver, "put", kind, source, checkpoint, {"who": "a"}, {})
+    raw_sql(
+        kind,
+        **db,
+        sql="INSERT INTO agentcheck_pending_terms VALUES ('src', '', 'gone', ?)",
+        params=(SQL.encode_terms(['["who"]="old"']),),
+    )
+    await call(saver, "copy_thread", kind, "src", "dst")
+    rows = raw_sql(
+        kind, **db, sql="SELECT checkpoint_id FROM agentcheck_pending_terms WHERE thread_id = 'dst'"
+    )
+    assert rows == [(checkpoint["id"],)]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"])
+async def test_the_first_put_of_a_saver_moves_what_others_left_whatever_its_metadata(
+    kind: str, db: dict[str, str]
+) -> None:
+    """A saver's first put moves the pending terms earlier savers left, and counts
+    towards the next move, also when its own terms go into the index directly."""
+    config: Any = {"configurable": {"thread_id": "a", "checkpoint_ns": ""}}
+    async with open_saver(kind, **db) as first:
+        first._terms_puts = 1
+        await call(first, "put", kind, config, generate_checkpoint(), {"who": "a"}, {})
+    assert pending_terms_count(kind, db) == 1
+    large = {"who": "big", "cfg": {f"option-{j}": j for j in range(100)}}
+    async with open_saver(kind, **db) as second:
+        await call(second, "put", kind, config, generate_checkpoint(), large, {})
+        assert second._terms_puts == 1
+    assert pending_terms_count(kind, db) == 0
 
 
 class _Frozen(Mapping[str, Any]):

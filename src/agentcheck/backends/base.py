@@ -508,18 +508,14 @@ class SQL:
         "SELECT channel, version, type FROM agentcheck_blobs "
         "WHERE thread_id = ? AND checkpoint_ns = ?"
     )
-    # A thread copied: first, given (target, source, target), what belongs to the
-    # checkpoints the target does not have (their pending writes, metadata terms and
-    # pending terms): a checkpoint the target has keeps its own row and all that goes
-    # with it. Then, given (target, source), the checkpoints and the stored values (a
-    # version is the same value in both threads).
+    # A thread copied: first, given (target, source, target), the metadata terms of the
+    # checkpoints the target does not have (one it has keeps its own row, so its own
+    # terms: a pending row of the source would supersede them), pending terms only of
+    # checkpoints the source has. Then, given (target, source), the checkpoints, the
+    # stored values (a version is the same value in both threads) and the pending
+    # writes, which a checkpoint the target has gets too where it lacks them (LangGraph
+    # rebuilds a DeltaChannel from its ancestors' writes).
     COPY_THREAD_BEFORE: tuple[str, ...] = (
-        "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
-        "idx, channel, type, blob, task_path) SELECT ?, s.checkpoint_ns, s.checkpoint_id, "
-        "s.task_id, s.idx, s.channel, s.type, s.blob, s.task_path FROM agentcheck_writes s "
-        "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
-        "WHERE c.thread_id = ? AND c.checkpoint_ns = s.checkpoint_ns "
-        "AND c.checkpoint_id = s.checkpoint_id) ON CONFLICT DO NOTHING",
         "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
         "SELECT ?, s.checkpoint_ns, s.checkpoint_id, s.term FROM agentcheck_metadata_terms s "
         "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
@@ -529,7 +525,10 @@ class SQL:
         "SELECT ?, s.checkpoint_ns, s.checkpoint_id, s.terms FROM agentcheck_pending_terms s "
         "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
         "WHERE c.thread_id = ? AND c.checkpoint_ns = s.checkpoint_ns "
-        "AND c.checkpoint_id = s.checkpoint_id) ON CONFLICT DO NOTHING",
+        "AND c.checkpoint_id = s.checkpoint_id) AND EXISTS (SELECT 1 "
+        "FROM agentcheck_checkpoints x WHERE x.thread_id = s.thread_id "
+        "AND x.checkpoint_ns = s.checkpoint_ns AND x.checkpoint_id = s.checkpoint_id) "
+        "ON CONFLICT DO NOTHING",
     )
     COPY_THREAD = (
         "INSERT INTO agentcheck_checkpoints (thread_id, checkpoint_ns, checkpoint_id, "
@@ -539,6 +538,10 @@ class SQL:
         "WHERE thread_id = ? ON CONFLICT DO NOTHING",
         "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
         "SELECT ?, checkpoint_ns, channel, version, type, blob FROM agentcheck_blobs "
+        "WHERE thread_id = ? ON CONFLICT DO NOTHING",
+        "INSERT INTO agentcheck_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+        "idx, channel, type, blob, task_path) SELECT ?, checkpoint_ns, checkpoint_id, "
+        "task_id, idx, channel, type, blob, task_path FROM agentcheck_writes "
         "WHERE thread_id = ? ON CONFLICT DO NOTHING",
     )
     # A thread's pending rows whose checkpoint is gone (a process of an earlier version

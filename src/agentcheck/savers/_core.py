@@ -80,9 +80,10 @@ _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
 _TERM_STATS_TTL = 60.0  # seconds a saver keeps the database's statistics of terms
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 # A checkpoint's metadata terms are left pending (SQL.PENDING_TERMS) up to this many
-# characters (a row of one B-tree page, no overflow): every filtered list reads the
-# pending rows whole.
-_PENDING_TERMS_MAX = 1024
+# characters (ASCII: as many bytes), with which the row, key included, still fits its
+# page (SQLite keeps about 1,000 bytes of a row of a WITHOUT ROWID table there): every
+# filtered list reads the pending rows whole.
+_PENDING_TERMS_MAX = 800
 _ROW_COMPRESS_MIN = 2048  # checkpoint rows from this size up are compressed
 # When encrypting, values are compressed only from this size up: compressing before
 # encrypting lets the ciphertext's length tell how compressible a value is, which gives
@@ -477,12 +478,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             # checkpoint, if it is stored again); every so many puts, they all move into
             # the index (SQL.PENDING_TERMS).
             yield Query(self.sql.UPSERT_PENDING_TERMS, (*key, pending))
-            if self._move_terms_due():
-                yield from self._move_pending_terms()
         else:
             # Into the index, as on PostgreSQL: metadata too large to be read whole by
-            # every filtered list while pending. (Its pending row, were it stored
-            # again, would supersede them.)
+            # every filtered list while pending. (A pending row left by an earlier
+            # store of this checkpoint would supersede them: it goes.)
             if pending:
                 yield Query(self.sql.DELETE_PENDING_TERMS_OF, key)
             if 0 < len(terms) <= _CHUNK:
@@ -495,6 +494,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 yield Query(self.sql.DELETE_TERMS_OF, key)
             if terms:
                 yield Query(self.sql.INSERT_TERM, terms, many=True)
+        if pending and self._move_terms_due():
+            yield from self._move_pending_terms()
         for after in remember:
             yield OnCommit(after)
         if self.journal_nodes:
