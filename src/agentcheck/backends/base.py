@@ -407,7 +407,7 @@ class SQL:
     # PENDING_TERM once per term, given the term between separators) whose checkpoint is
     # still there are added: ({indexed}) is the index's query, its own order and limit
     # kept. The pending rows are read whole: at most 31 per saver writing, each of at
-    # most 1 KiB of terms (SaverCore._put).
+    # most 800 characters of terms (SaverCore._put).
     LIST_NOT_PENDING = (
         "NOT EXISTS (SELECT 1 FROM agentcheck_pending_terms q WHERE q.thread_id = t0.thread_id "
         "AND q.checkpoint_ns = t0.checkpoint_ns AND q.checkpoint_id = t0.checkpoint_id)"
