@@ -23,7 +23,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
@@ -1633,10 +1633,11 @@ async def test_durable_model_with_structured_output_is_replayed(
     ]
 
 
-def traced_transactions(conn: sqlite3.Connection) -> list[list[str]]:
-    """Starts recording the statements run on a connection, grouped by transaction: each
-    group is what ran from one BEGIN to its COMMIT, with the PRAGMAs just before and after
-    it."""
+@contextlib.contextmanager
+def traced_transactions(conn: sqlite3.Connection) -> Iterator[list[list[str]]]:
+    """Records the statements run on a connection inside the block, grouped by
+    transaction: each group is what ran from one BEGIN to its COMMIT, with the PRAGMAs
+    just before and after it."""
     groups: list[list[str]] = [[]]
 
     def trace(sql: str) -> None:
@@ -1649,7 +1650,10 @@ def traced_transactions(conn: sqlite3.Connection) -> list[list[str]]:
             groups.append([])
 
     conn.set_trace_callback(trace)
-    return groups
+    try:
+        yield groups
+    finally:
+        conn.set_trace_callback(None)
 
 
 def relaxed(group: list[str]) -> bool:
@@ -1713,10 +1717,8 @@ def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
     claims: dict[str, bool] = {}
     completions: dict[str, bool] = {}
     for name, make_call in calls.items():
-        groups = traced_transactions(conn)
-        with effect_scope(saver.journal, f"scope-{name}"):
+        with traced_transactions(conn) as groups, effect_scope(saver.journal, f"scope-{name}"):
             make_call()
-        conn.set_trace_callback(None)
         claim = [g for g in groups if any("INSERT INTO agentcheck_steps" in q for q in g)]
         done = [g for g in groups if any("SET status = 'completed'" in q for q in g)]
         assert len(claim) == len(done) == 1, groups
@@ -1735,10 +1737,8 @@ def test_a_claim_that_may_simply_run_again_does_not_wait_for_the_disk(
     assert sorted(s.status for s in steps) == ["completed"] * len(calls)
     # Called again: each replays, noting it in the journal, a note that need not wait.
     for name, make_call in calls.items():
-        groups = traced_transactions(conn)
-        with effect_scope(saver.journal, f"scope-{name}"):
+        with traced_transactions(conn) as groups, effect_scope(saver.journal, f"scope-{name}"):
             make_call()
-        conn.set_trace_callback(None)
         notes = [g for g in groups if any("INSERT INTO agentcheck_events" in q for q in g)]
         assert len(notes) == 1, groups  # the replay event; the claim found the step done
         assert relaxed(notes[0]) == wal
@@ -1767,18 +1767,16 @@ def test_a_relaxed_write_leaves_the_connection_as_it_found_it(tmp_path: Path) ->
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 3
     assert not conn.in_transaction
 
-    groups = traced_transactions(conn)
-    conn.execute("BEGIN")
-    saver.run_op(noting, True, durable=False)  # inside the caller's transaction
-    conn.execute("COMMIT")
-    saver.run_op(noting, True, durable=False)
-    conn.set_trace_callback(None)
+    with traced_transactions(conn) as groups:
+        conn.execute("BEGIN")
+        saver.run_op(noting, True, durable=False)  # inside the caller's transaction
+        conn.execute("COMMIT")
+        saver.run_op(noting, True, durable=False)
     assert [relaxed(g) for g in groups if g] == [False, True]
     assert groups[1][-1] == "PRAGMA synchronous=3"
     conn.execute("PRAGMA synchronous=NORMAL")
-    groups = traced_transactions(conn)
-    saver.run_op(noting, True, durable=False)
-    conn.set_trace_callback(None)
+    with traced_transactions(conn) as groups:
+        saver.run_op(noting, True, durable=False)
     assert not any(q.startswith("PRAGMA synchronous=") for g in groups for q in g)
     assert conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0] == 3
     conn.close()
@@ -1819,9 +1817,8 @@ def test_a_relaxed_write_stopped_midway_leaves_no_connection_relaxed(
     with pytest.raises(KeyboardInterrupt):
         saver.run_op(noting, True, durable=durable)
     assert not conn.in_transaction
-    groups = traced_transactions(conn)
-    saver.run_op(noting, True)  # a durable write
-    conn.set_trace_callback(None)
+    with traced_transactions(conn) as groups:
+        saver.run_op(noting, True)  # a durable write
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
     assert not relaxed(groups[0])
     # The durable write itself ran at FULL: any putting back came before its BEGIN.

@@ -29,7 +29,6 @@ __all__ = [
     "Operation",
     "Query",
     "Rows",
-    "TERM_SEPARATOR",
     "adrive",
     "batch",
     "drive",
@@ -43,7 +42,7 @@ __all__ = [
 _KEYS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 # Put between the terms of a pending row of metadata terms, and before and after them
 # (SQL.encode_terms).
-TERM_SEPARATOR = chr(31)
+_TERM_SEPARATOR = chr(31)
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -364,13 +363,18 @@ class SQL:
         the first preceded by it too, so that a term is found by :data:`PENDING_TERM`
         with one substring search (no term holds the separator: JSON escapes it, and
         long or encrypted terms are hex digests)."""
-        return TERM_SEPARATOR + "".join(term + TERM_SEPARATOR for term in terms)
+        return _TERM_SEPARATOR + "".join(term + _TERM_SEPARATOR for term in terms)
+
+    @staticmethod
+    def pending_term(term: str) -> str:
+        """What :data:`PENDING_TERM` is given to find ``term`` in a pending row."""
+        return _TERM_SEPARATOR + term + _TERM_SEPARATOR
 
     @staticmethod
     def decode_terms(text: Any) -> list[str]:
         """The terms of a pending row's ``terms`` column (none from one that is no text,
         damaged)."""
-        return [term for term in text.split(TERM_SEPARATOR) if term] if type(text) is str else []
+        return [term for term in text.split(_TERM_SEPARATOR) if term] if type(text) is str else []
 
     # List queries are assembled from these fragments by the saver core. A filtered list
     # is driven from the metadata terms index (its first term), not from a scan of the
@@ -404,7 +408,7 @@ class SQL:
     )
     # With PENDING_TERMS: a checkpoint the index gives must have no pending row (which
     # would supersede its terms there); the pending rows matching the filter (alias p,
-    # PENDING_TERM once per term, given the term between separators) whose checkpoint is
+    # PENDING_TERM once per term, given SQL.pending_term of it) whose checkpoint is
     # still there are added: ({indexed}) is the index's query, its own order and limit
     # kept. The pending rows are read whole: at most 31 per saver writing, each of at
     # most 800 characters of terms (SaverCore._put).

@@ -47,16 +47,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT
 
 from agentcheck._errors import CorruptDataError
-from agentcheck.backends.base import (
-    SQL,
-    TERM_SEPARATOR,
-    OnCommit,
-    Operation,
-    Query,
-    Rows,
-    batch,
-    in_list,
-)
+from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import OUTSIDE_EDITS, UPDATE_PATH, RunJournal, node_name, triggers
@@ -382,6 +373,31 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         yield Query(self.sql.DELETE_PENDING_TERMS)
         return None
 
+    def _put_terms(self, key: tuple[str, str, str], terms: list[str]) -> Operation[None]:
+        """A put's metadata terms: one pending row (SQL.PENDING_TERMS), or rows of the
+        index (PostgreSQL, and metadata too large to be read whole by every filtered
+        list while pending); every so many puts, the pending rows move into the index."""
+        pending = self.sql.encode_terms(terms) if self.sql.PENDING_TERMS else ""
+        if 0 < len(pending) <= _PENDING_TERMS_MAX:
+            # It supersedes the terms the index may hold for this checkpoint, if it is
+            # stored again.
+            yield Query(self.sql.UPSERT_PENDING_TERMS, (*key, pending))
+        else:
+            if pending:  # a pending row of an earlier store of it would supersede these
+                yield Query(self.sql.DELETE_PENDING_TERMS_OF, key)
+            if 0 < len(terms) <= _CHUNK:
+                # The terms it had and no longer has (a checkpoint stored again), then
+                # the new ones: different rows (see Query.disjoint).
+                delete = self.sql.DELETE_TERMS_EXCEPT.format(terms=in_list(len(terms)))
+                yield Query(delete, (*key, *terms), disjoint=True)
+            else:
+                yield Query(self.sql.DELETE_TERMS_OF, key)
+            if terms:
+                yield Query(self.sql.INSERT_TERM, [(*key, term) for term in terms], many=True)
+        if pending and self._move_terms_due():
+            yield from self._move_pending_terms()
+        return None
+
     # -- put ------------------------------------------------------------------------
 
     def _put(
@@ -460,7 +476,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         run_id = meta.get("run_id")
         run_term = self._term(str(run_id)) if run_id is not None else None
         key = (thread_id, ns, checkpoint_id)
-        terms = [(*key, self._term(t)) for t in set(metadata_terms(meta))]
+        terms = sorted({self._term(t) for t in metadata_terms(meta)})
 
         if planned:
             yield from self._check_bases(thread_id, ns, planned)
@@ -470,32 +486,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             self.sql.UPSERT_CHECKPOINT,
             (*key, parent_id, run_term, cp_type, cp_data, meta_type, meta_data, blob_keys),
         )
-        pending = ""
-        if self.sql.PENDING_TERMS:
-            pending = self.sql.encode_terms(sorted(term for *_, term in terms))
-        if 0 < len(pending) <= _PENDING_TERMS_MAX:
-            # One pending row (which supersedes the terms the index may hold for this
-            # checkpoint, if it is stored again); every so many puts, they all move into
-            # the index (SQL.PENDING_TERMS).
-            yield Query(self.sql.UPSERT_PENDING_TERMS, (*key, pending))
-        else:
-            # Into the index, as on PostgreSQL: metadata too large to be read whole by
-            # every filtered list while pending. (A pending row left by an earlier
-            # store of this checkpoint would supersede them: it goes.)
-            if pending:
-                yield Query(self.sql.DELETE_PENDING_TERMS_OF, key)
-            if 0 < len(terms) <= _CHUNK:
-                # The terms it had and no longer has (a checkpoint stored again), then
-                # the new ones: different rows (see Query.disjoint).
-                kept = [term for *_, term in terms]
-                delete = self.sql.DELETE_TERMS_EXCEPT.format(terms=in_list(len(kept)))
-                yield Query(delete, (*key, *kept), disjoint=True)
-            else:
-                yield Query(self.sql.DELETE_TERMS_OF, key)
-            if terms:
-                yield Query(self.sql.INSERT_TERM, terms, many=True)
-        if pending and self._move_terms_due():
-            yield from self._move_pending_terms()
+        yield from self._put_terms(key, terms)
         for after in remember:
             yield OnCommit(after)
         if self.journal_nodes:
@@ -652,8 +643,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 + " AND ".join([self.sql.PENDING_TERM] * len(terms) + more)
             )
             sql += f" ORDER BY checkpoint_id DESC{limited}"
-            sep = TERM_SEPARATOR
-            params += [sep + term + sep for term in terms] + more_params
+            params += [self.sql.pending_term(term) for term in terms] + more_params
             sql = self.sql.LIST_FROM_KEYS.format(keys=sql)
         elif terms:
             sql = self.sql.LIST_SELECT + self.sql.LIST_IN_KEYS.format(keys=sql)
