@@ -8,6 +8,7 @@ import random
 import sqlite3
 import statistics
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -397,12 +398,25 @@ def _growing_thread_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[
             for impl in IMPLS
         }
         ids = [new_checkpoint_id(turn) for turn in range(GROWING_TURNS)]
-        for turn, impl in interleaved(GROWING_TURNS, IMPLS):
-            ms = threads[impl].advance(ids[turn]) / 1e6
-            if turn < EDGE:
-                early[impl].append(ms)
-            elif turn >= GROWING_TURNS - EDGE:
-                late[impl].append(ms)
+        # Each saver's thread runs whole on its own, the savers' order alternating by
+        # repetition: growth compares a saver with itself. Interleaved turn by turn, one
+        # saver's turn-200 put would run right after the other's (the official savers
+        # write ~230 KB there, evicting the processor's caches) and its turn-1 put after
+        # a 1 KB one, so each growth would also count the other saver's. For the same
+        # reason turn 1 does not follow the other saver's block directly: a pause lets
+        # the database's background writes of that block finish (PostgreSQL's WAL
+        # writer), and a few puts on the warm-up thread, of that saver, come first, as
+        # the saver's own 195 puts come before turn 196.
+        for impl in IMPLS[rep % len(IMPLS) :] + IMPLS[: rep % len(IMPLS)]:
+            time.sleep(0.2)
+            for turn in range(EDGE):
+                warm[impl].advance(new_checkpoint_id(10 + rep * EDGE + turn))
+            for turn in range(GROWING_TURNS):
+                ms = threads[impl].advance(ids[turn]) / 1e6
+                if turn < EDGE:
+                    early[impl].append(ms)
+                elif turn >= GROWING_TURNS - EDGE:
+                    late[impl].append(ms)
         if rep == 0:
             size_after = {impl: stores[impl].size_bytes() for impl in IMPLS}
     grown = {impl: size_after[impl] - size_before[impl] for impl in IMPLS}
