@@ -647,8 +647,9 @@ class Journal:
         """Run any journal operation synchronously (used by the effect wrappers).
 
         ``durable=False`` is for writes whose loss is harmless: the commit then need not
-        wait for the disk, where the database allows it (SQLite in WAL mode). Such a write
-        survives a crash of the process, not always a power failure."""
+        wait for the disk, where the database allows it (SQLite in WAL mode; PostgreSQL,
+        in a transaction of the saver's own). Such a write survives a crash of the
+        process, not always a power failure."""
         return self._sync(make_op, write, durable=durable)
 
     async def arun_op(

@@ -1878,6 +1878,85 @@ def test_a_write_stopped_as_its_savepoint_is_made_leaves_the_callers_transaction
     conn.close()
 
 
+def commit_setting(rows: int) -> Any:
+    """An operation that inserts ``rows`` rows into ``notes`` (statements the saver may
+    join into one) and answers the transaction's synchronous_commit, read after them."""
+    for n in range(rows):
+        yield Query("INSERT INTO notes VALUES (?)", (n,))
+    answer = yield Query("SHOW synchronous_commit", fetch=True)
+    return answer[0][0]
+
+
+def inserting(rows: int) -> Any:
+    """An operation that only inserts into ``notes``: sent at its end, with its COMMIT."""
+    for n in range(rows):
+        yield Query("INSERT INTO notes VALUES (?)", (n,))
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_a_relaxed_write_on_postgres_does_not_wait_for_the_wal(
+    pg_url: str, asynchronous: bool
+) -> None:
+    """PostgreSQL: a relaxed write (a claim that may simply run again, see the SQLite
+    test above) commits with synchronous_commit off, for its own transaction only: the
+    connection's next write waits for the WAL again, after a failed relaxed write too.
+    Its statements are still sent together, joined where they can be, and stored."""
+    from agentcheck.savers import AsyncPostgresSaver, PostgresSaver
+
+    def failing() -> Any:
+        yield Query("INSERT INTO notes VALUES (?)", ("not a number",))
+
+    async def run(saver: Any, make_op: Any, durable: bool) -> Any:
+        if asynchronous:
+            return await saver.arun_op(make_op, True, durable=durable)
+        return await asyncio.to_thread(saver.run_op, make_op, True, durable=durable)
+
+    # One connection, so that every operation below runs on the same session.
+    if asynchronous:
+        aconn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        saver: Any = AsyncPostgresSaver(aconn)
+        await saver.setup()
+    else:
+        conn = psycopg.connect(pg_url, autocommit=True)
+        saver = PostgresSaver(conn)
+        saver.setup()
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as setup:
+            setup.execute("CREATE TABLE notes (n INTEGER)")
+        assert await run(saver, lambda: commit_setting(2), False) == "off"
+        assert await run(saver, lambda: commit_setting(1), True) == "on"
+        await run(saver, lambda: inserting(3), False)
+        assert await run(saver, lambda: commit_setting(0), True) == "on"
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+            await run(saver, failing, False)
+        assert await run(saver, lambda: commit_setting(0), True) == "on"
+        with psycopg.connect(pg_url) as check:
+            stored = check.execute("SELECT n FROM notes ORDER BY n").fetchall()
+        assert [r[0] for r in stored] == [0, 0, 0, 1, 1, 2]
+    finally:
+        if asynchronous:
+            await aconn.close()
+        else:
+            conn.close()
+
+
+def test_a_relaxed_write_inside_the_callers_postgres_transaction_is_not_relaxed(
+    pg_url: str,
+) -> None:
+    """Inside a transaction the caller opened, the caller's commit decides: a relaxed
+    write of agentcheck's does not turn synchronous_commit off for it."""
+    from agentcheck.savers import PostgresSaver
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        saver = PostgresSaver(conn)
+        saver.setup()
+        conn.execute("CREATE TABLE notes (n INTEGER)")
+        with conn.transaction():
+            assert saver.run_op(lambda: commit_setting(1), True, durable=False) == "on"
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        assert conn.execute("SELECT count(*) FROM notes").fetchone() == (1,)
+
+
 # --------------------------------------------------------------------------- 8. unprotected
 
 

@@ -250,7 +250,7 @@ class SyncRunner:
             with self._lock:
                 yield self.conn
 
-    def run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    def run(self, make_op: Callable[[], Operation[T]], write: bool, durable: bool = True) -> T:
         attempts = self.conn.max_size + 1 if self.is_pool else 1
         for tried in range(1, attempts + 1):
             conn = None
@@ -269,7 +269,7 @@ class SyncRunner:
                         ):
                             statements = _Statements(conn, cur, write and not attempt.lazy)
                             result = drive(
-                                _framed(make_op, attempt.explicit),
+                                _framed(make_op, attempt.explicit, relaxed=not durable),
                                 statements.execute,
                                 statements.execute_batch,
                                 on_commit=attempt.callbacks,
@@ -310,7 +310,9 @@ class AsyncRunner:
             async with self._lock:
                 yield self.conn
 
-    async def run(self, make_op: Callable[[], Operation[T]], write: bool) -> T:
+    async def run(
+        self, make_op: Callable[[], Operation[T]], write: bool, durable: bool = True
+    ) -> T:
         attempts = self.conn.max_size + 1 if self.is_pool else 1
         for tried in range(1, attempts + 1):
             conn = None
@@ -328,7 +330,7 @@ class AsyncRunner:
                         ):
                             statements = _AsyncStatements(conn, cur, write and not attempt.lazy)
                             result = await adrive(
-                                _framed(make_op, attempt.explicit),
+                                _framed(make_op, attempt.explicit, relaxed=not durable),
                                 statements.execute,
                                 statements.execute_batch,
                                 on_commit=attempt.callbacks,
@@ -372,14 +374,24 @@ def _transaction(conn: Any, write: bool, explicit: bool) -> Any:
     return conn.transaction()
 
 
-def _framed(make_op: Callable[[], Operation[T]], explicit: bool) -> Operation[T]:
+def _framed(
+    make_op: Callable[[], Operation[T]], explicit: bool, *, relaxed: bool = False
+) -> Operation[T]:
     """The operation, between BEGIN and COMMIT statements of its own when ``explicit``.
 
     In pipeline mode they go out with the operation's statements, so a write is one
     round trip; psycopg's transaction block waits for the server at BEGIN and at COMMIT.
+
+    ``relaxed`` (a run's ``durable=False``): the commit does not wait for the WAL to
+    reach the disk (``synchronous_commit`` off for this transaction only). The write
+    survives a crash of the client, not always one of the server; a later durable
+    commit makes it durable too (the WAL is flushed in order). Only in a transaction of
+    our own: set in the caller's, it would relax the caller's commit.
     """
     if explicit:
         yield _BEGIN
+        if relaxed:
+            yield _RELAXED
     result = yield from make_op()
     if explicit:
         yield _COMMIT
@@ -387,6 +399,7 @@ def _framed(make_op: Callable[[], Operation[T]], explicit: bool) -> Operation[T]
 
 
 _BEGIN, _COMMIT = Query("BEGIN"), Query("COMMIT")
+_RELAXED = Query("SET LOCAL synchronous_commit TO OFF")
 # A block that does nothing, for `with` and `async with` alike.
 _NO_BLOCK = contextlib.nullcontext()
 
@@ -548,16 +561,27 @@ class _Held:
         """
         held, self.held = self.held, []
         if len(held) >= 3 and held[0][0] is _BEGIN and held[-1][0] is _COMMIT:
-            body = held[1:-1]
-            # A Later statement may come last: the joined statement is then sent on its
-            # cursor, and its rows are the Later's (collect reads them after the commit).
-            cur = body[-1][1]
-            if all(own is self.cur for _, own in body[:-1]):
-                answer_last = cur is not self.cur
-                one = _one_statement([query for query, _ in body], answer_last=answer_last)
+            if held[1][0] is not _RELAXED:
+                one = self._as_one(held[1:-1])
                 if one is not None:
-                    return [(one, cur)]
+                    return [one]
+            elif len(held) > 3:
+                # The setting needs a transaction: BEGIN and COMMIT stay around it.
+                one = self._as_one(held[2:-1])
+                if one is not None:
+                    return [*held[:2], one, held[-1]]
         return held
+
+    def _as_one(self, body: list[tuple[Query, Any]]) -> tuple[Query, Any] | None:
+        """The statements of a write between its BEGIN and COMMIT as one, and the cursor
+        to send it on (see take_held), or None."""
+        # A Later statement may come last: the joined statement is then sent on its
+        # cursor, and its rows are the Later's (collect reads them after the commit).
+        cur = body[-1][1]
+        if not all(own is self.cur for _, own in body[:-1]):
+            return None
+        one = _one_statement([query for query, _ in body], answer_last=cur is not self.cur)
+        return None if one is None else (one, cur)
 
     def execute_later(self, query: Query) -> Callable[[], Rows]:
         own = _cursor(self.conn)

@@ -100,8 +100,7 @@ class PostgresSaver(SyncSaver):
             pool.close()
 
     def _run(self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True) -> T:
-        # Every commit waits for the disk here (durable=False is a SQLite saving).
-        return self._runner.run(make_op, write)
+        return self._runner.run(make_op, write, durable)
 
 
 class AsyncPostgresSaver(AsyncSaver):
@@ -162,4 +161,4 @@ class AsyncPostgresSaver(AsyncSaver):
     async def _arun(
         self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
     ) -> T:
-        return await self._runner.run(make_op, write)
+        return await self._runner.run(make_op, write, durable)
