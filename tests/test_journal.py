@@ -538,6 +538,66 @@ async def test_a_resume_sent_to_a_finished_thread_leaves_its_run_as_it_was(
     assert await run_of(saver, kind) == ("succeeded", 1)
 
 
+class Notes(TypedDict, total=False):
+    notes: Annotated[list[str], operator.add]
+
+
+def graph_with_a_side_node(saver: Any) -> Any:
+    """START -> ask (pauses for an answer) -> END, and a node ``side`` that only a
+    Command's goto runs."""
+    builder = StateGraph(Notes)
+    builder.add_node("ask", lambda state: {"notes": [interrupt("approve?")]})
+    builder.add_node("side", lambda state: {"notes": ["side"]})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    builder.add_edge("side", END)
+    return builder.compile(checkpointer=saver)
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_command_goto_starts_an_attempt_before_the_node_it_runs(
+    kind: str, saver: Any, durability: str
+) -> None:
+    """Command(goto=...) sent to a paused or finished thread is its input: logged as an
+    update of ``__input__``, and the run starts again before the node it sends to is
+    logged (LangGraph runs that node from the same checkpoint, writing no new one
+    first). A Command(update=...) that triggers no node runs nothing: logged, and the
+    run is left as it was."""
+    graph = graph_with_a_side_node(saver)
+    how = {"durability": durability}
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), **how)
+    await call(graph, "invoke", kind, Command(goto="side", resume="yes"), config("t1"), **how)
+    assert await run_of(saver, kind) == ("succeeded", 2)
+    await call(graph, "invoke", kind, Command(goto="side"), config("t1"), **how)
+    assert await run_of(saver, kind) == ("succeeded", 3)
+    done = await call(graph, "invoke", kind, Command(update={"notes": ["late"]}), config("t1"))
+    assert done["notes"] == ["yes", "side", "side", "late"]
+    assert await run_of(saver, kind) == ("succeeded", 3)
+
+    events = await call(saver.journal, "events", kind, "t1")
+    shown = [(e.kind, e.phase, e.name) for e in events if e.name != "__start__"]
+    assert shown[:5] == [
+        ("run", "start", None),
+        ("node", "interrupt", "ask"),
+        ("run", "interrupt", "interrupted"),
+        # Resumed, and sent to ``side`` as well: the two run in one step.
+        ("run", "start", None),
+        ("node", "update", "__input__"),
+    ]
+    assert sorted(shown[5:7]) == [("node", "end", "ask"), ("node", "end", "side")]
+    assert shown[7:] == [
+        ("run", "end", "succeeded"),
+        # Sent to ``side`` once it had finished.
+        ("node", "update", "__input__"),
+        ("run", "start", None),
+        ("node", "end", "side"),
+        ("run", "end", "succeeded"),
+        # An update that triggers nothing.
+        ("node", "update", "__input__"),
+    ]
+
+
 @task
 def risky(x: int) -> int:
     """A functional-API task that always fails (its callers catch it, or not)."""

@@ -43,6 +43,9 @@ _JOIN = "join:"
 # The task id of writes that belong to no task: a Command's resume value for the whole
 # run (LangGraph's NULL_TASK_ID, which it does not export).
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
+# The name LangGraph gives those writes (and a Command's goto or update) as it applies
+# them: its INPUT.
+INPUT = "__input__"
 
 
 def _triggers_a_node(values: Mapping[str, Any]) -> bool:
@@ -106,6 +109,9 @@ class RunJournal:
     # Per thread: the tasks whose writes paused or failed the run, at that checkpoint. A
     # later write of one of them is the task run again: the run was retried or resumed.
     _stopped_by: dict[str, frozenset[str]]
+    # Per thread: the checkpoint a stopped run was given a Command's goto or update at
+    # (its input): the tasks that run from there carry the run on.
+    _commanded: dict[str, str]
     # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
     _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
 
@@ -216,7 +222,11 @@ class RunJournal:
         if status == "running" or at is None:
             return False
         return checkpoint_id > at or (
-            checkpoint_id == at and task_id in self._stopped_by.get(run_id, ())
+            checkpoint_id == at
+            and (
+                task_id in self._stopped_by.get(run_id, ())
+                or self._commanded.get(run_id) == checkpoint_id
+            )
         )
 
     def _journal_task(
@@ -245,14 +255,24 @@ class RunJournal:
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
+        # A Command's goto or update (writes of no task, besides a resume value), which
+        # LangGraph applies as the run's input. It runs nothing itself: an update that
+        # triggers no node leaves the run as it was, and the nodes a goto triggers,
+        # which run from this same checkpoint, carry a stopped run on (_goes_on).
+        command = task_id == NULL_TASK_ID and not channels <= {RESUME}
         if not stale and (
-            status is None  # the first write this process sees for the thread
+            (status is None and not command)  # the first write this process sees for it
             # A resume value for the whole run (Command(resume=value)) of a paused one
             or (task_id == NULL_TASK_ID and RESUME in channels and status == "interrupted")
-            or self._goes_on(thread_id, checkpoint_id, task_id)
+            or (not command and self._goes_on(thread_id, checkpoint_id, task_id))
         ):
             status = yield from self._start_if_due(thread_id, checkpoint_id)
         if channels <= {RESUME}:
+            return None
+        if command:
+            if not stale and status != "running":
+                yield OnCommit(self._remember_command(thread_id, checkpoint_id))
+            yield from self.journal_ops.log(EventSpec(thread_id, "node", "update", name=INPUT))
             return None
         new_status: str | None
         if ERROR in channels and _called(task_path):
@@ -317,6 +337,13 @@ class RunJournal:
         def remember() -> None:
             self._run_status[run_id] = (status, at)
             self._stopped_by.pop(run_id, None)
+            self._commanded.pop(run_id, None)
+
+        return remember
+
+    def _remember_command(self, run_id: str, checkpoint_id: str) -> Callable[[], None]:
+        def remember() -> None:
+            self._commanded[run_id] = checkpoint_id
 
         return remember
 
