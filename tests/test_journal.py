@@ -26,7 +26,7 @@ import agentcheck
 from agentcheck.journal import Claim, Event, EventSpec, Journal, Step
 from agentcheck.savers.base import _FifoLock
 
-from savers_support import KINDS, call, is_async, is_postgres
+from savers_support import KINDS, call, is_async, is_postgres, open_saver
 
 parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
 
@@ -531,9 +531,13 @@ async def test_a_call_in_a_branch_still_running_after_its_sibling_failed_is_no_r
 async def test_a_resume_sent_to_a_finished_thread_leaves_its_run_as_it_was(
     kind: str, saver: Any
 ) -> None:
-    """A stray Command(resume=...) (an approval submitted twice) runs nothing."""
+    """A stray Command(resume=...) (an approval submitted twice) runs nothing, also
+    after update_state wrote a later checkpoint."""
     graph = one_node_graph(saver, lambda state: {"log": ["done"]})
     await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    await call(graph, "invoke", kind, Command(resume="again"), config("t1"), **SYNC)
+    assert await run_of(saver, kind) == ("succeeded", 1)
+    await call(graph, "update_state", kind, config("t1"), {"log": ["edited"]})
     await call(graph, "invoke", kind, Command(resume="again"), config("t1"), **SYNC)
     assert await run_of(saver, kind) == ("succeeded", 1)
 
@@ -596,6 +600,27 @@ async def test_a_command_goto_starts_an_attempt_before_the_node_it_runs(
         # An update that triggers nothing.
         ("node", "update", "__input__"),
     ]
+
+
+@parametrize_kinds
+async def test_a_resume_sent_through_another_saver_starts_only_what_it_resumes(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """A Command(resume=...) sent through another saver (another process) does not
+    know the run's status: sent to a finished thread, it runs nothing and leaves the run
+    as it was; sent to a paused one, the task it resumes starts the next attempt."""
+    await call(one_node_graph(saver, ask_approval), "invoke", kind, {"log": []}, config("t1"))
+    done = one_node_graph(saver, lambda state: {"log": ["done"]})
+    await call(done, "invoke", kind, {"log": []}, config("t2"))
+    async with open_saver(kind, **db) as other:
+        stray = one_node_graph(other, lambda state: {"log": ["done"]})
+        await call(stray, "invoke", kind, Command(resume="again"), config("t2"))
+        assert await run_of(saver, kind, "t2") == ("succeeded", 1)
+        resumed = one_node_graph(other, ask_approval)
+        await call(resumed, "invoke", kind, Command(resume="yes"), config("t1"))
+        assert await run_of(saver, kind, "t1") == ("succeeded", 2)
+    events = await call(saver.journal, "events", kind, "t1")
+    assert run_events(events) == PAUSED_THEN_DONE
 
 
 @task

@@ -255,16 +255,19 @@ class RunJournal:
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
-        # A Command's goto or update (writes of no task, besides a resume value), which
-        # LangGraph applies as the run's input. It runs nothing itself: an update that
-        # triggers no node leaves the run as it was, and the nodes a goto triggers,
-        # which run from this same checkpoint, carry a stopped run on (_goes_on).
-        command = task_id == NULL_TASK_ID and not channels <= {RESUME}
+        # Writes of no task: a Command's resume value for the whole run, goto or update,
+        # which LangGraph applies as the run's input. They run nothing themselves: an
+        # update that triggers no node, or a resume with nothing paused, leaves the run
+        # as it was, and the nodes a goto triggers, which run from this same checkpoint,
+        # carry a stopped run on (_goes_on). Where this process does not know the run's
+        # status, the tasks that do run start it (their writes are the first it sees).
+        null = task_id == NULL_TASK_ID
+        command = null and not channels <= {RESUME}
         if not stale and (
-            (status is None and not command)  # the first write this process sees for it
+            (status is None and not null)  # the first write this process sees for it
             # A resume value for the whole run (Command(resume=value)) of a paused one
-            or (task_id == NULL_TASK_ID and RESUME in channels and status == "interrupted")
-            or (not command and self._goes_on(thread_id, checkpoint_id, task_id))
+            or (null and RESUME in channels and status == "interrupted")
+            or (not null and self._goes_on(thread_id, checkpoint_id, task_id))
         ):
             status = yield from self._start_if_due(thread_id, checkpoint_id)
         if channels <= {RESUME}:
