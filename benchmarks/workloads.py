@@ -388,8 +388,7 @@ def _growing_thread_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[
         checkpoint_id = new_checkpoint_id(turn)
         for impl in IMPLS:
             warm[impl].advance(checkpoint_id)
-    size_before = {impl: stores[impl].size_bytes() for impl in IMPLS}
-    size_after: dict[Impl, int] = {}
+    grown: dict[Impl, int] = {}
     early: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
     late: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
     for rep in range(reps):
@@ -411,15 +410,16 @@ def _growing_thread_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[
             time.sleep(0.2)
             for turn in range(EDGE):
                 warm[impl].advance(new_checkpoint_id(10 + rep * EDGE + turn))
+            if rep == 0:  # the first thread's bytes, without the warm-up thread's
+                size_before = stores[impl].size_bytes()
             for turn in range(GROWING_TURNS):
                 ms = threads[impl].advance(ids[turn]) / 1e6
                 if turn < EDGE:
                     early[impl].append(ms)
                 elif turn >= GROWING_TURNS - EDGE:
                     late[impl].append(ms)
-        if rep == 0:
-            size_after = {impl: stores[impl].size_bytes() for impl in IMPLS}
-    grown = {impl: size_after[impl] - size_before[impl] for impl in IMPLS}
+            if rep == 0:
+                grown[impl] = stores[impl].size_bytes() - size_before
     growth = {
         impl: statistics.median(late[impl]) / statistics.median(early[impl]) for impl in IMPLS
     }
