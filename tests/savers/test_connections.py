@@ -3,7 +3,8 @@
 A saver on a pool detects a broken connection, replaces it and carries on, whether the
 pool is agentcheck's own (``from_conn_string``) or one the user made (without a health
 check, with any row factory). A saver on a single connection cannot reconnect; its error
-says to use a pool.
+says to use a pool. A write that fails inside the caller's pipeline leaves the connection
+usable.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from agentcheck.backends.base import Query
 from agentcheck.savers import AsyncPostgresSaver, PostgresSaver
 
 # --------------------------------------------------------------------------- helpers
@@ -256,3 +258,79 @@ async def test_async_user_pool_without_check_survives_killed_backends(pg_url: st
         await saver.setup()
         killed = await check_async_saver_recovers(saver, _killer(pg_url))
         assert len(killed) > 1  # several idle pooled connections were broken
+
+
+# ------------------------------------------------ a failed write in the caller's pipeline
+
+
+def _duplicate() -> Any:
+    """One statement that fails (a unique violation)."""
+    yield Query("INSERT INTO uniq VALUES (?)", (1,))
+
+
+def _duplicate_after_update() -> Any:
+    """Two statements that cannot be joined into one, the second failing."""
+    yield Query("UPDATE uniq SET n = n WHERE n = 0", ())
+    yield Query("INSERT INTO uniq VALUES (?)", (1,))
+
+
+def _note(n: int) -> Any:
+    yield Query("INSERT INTO notes VALUES (?)", (n,))
+
+
+def _tables(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE notes (n INTEGER)")
+        conn.execute("CREATE TABLE uniq (n INTEGER PRIMARY KEY)")
+        conn.execute("INSERT INTO uniq VALUES (1)")
+
+
+def _notes(url: str) -> list[int]:
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute("SELECT n FROM notes ORDER BY n")]
+
+
+@pytest.mark.parametrize(
+    ("failing", "durable"),
+    [(_duplicate, False), (_duplicate_after_update, True)],
+    ids=["relaxed-one-statement", "durable-two-statements"],
+)
+def test_a_failed_write_in_the_callers_pipeline_leaves_the_connection_usable(
+    pg_url: str, failing: Any, durable: bool
+) -> None:
+    """A write of the saver's own transaction that fails inside the caller's pipeline,
+    on a connection with prepare_threshold=0 (as LangGraph's docs advise), raises its
+    error and is rolled back so that psycopg forgets its prepared statements at once:
+    sent as a statement, the ROLLBACK was only answered at the next operation, whose
+    first statement the server then deallocated while psycopg still named it, and every
+    later write failed. (A relaxed write is framed by BEGIN ... COMMIT even when it is
+    one statement: it sets synchronous_commit for its own transaction.)"""
+    _tables(pg_url)
+    with psycopg.connect(pg_url, autocommit=True, prepare_threshold=0) as conn:
+        saver = PostgresSaver(conn)
+        saver.setup()
+        with conn.pipeline():
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                saver.run_op(failing, True, durable=durable)
+            for n in range(4):
+                saver.run_op(lambda n=n: _note(n), True, durable=n % 2 == 1)
+    assert _notes(pg_url) == [0, 1, 2, 3]
+
+
+async def test_a_failed_write_in_the_callers_async_pipeline_leaves_the_connection_usable(
+    pg_url: str,
+) -> None:
+    """The same on an AsyncConnection."""
+    _tables(pg_url)
+    conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True, prepare_threshold=0)
+    try:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        async with conn.pipeline():
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                await saver.arun_op(_duplicate, True, durable=False)
+            for n in range(4):
+                await saver.arun_op(lambda n=n: _note(n), True, durable=n % 2 == 1)
+    finally:
+        await conn.close()
+    assert _notes(pg_url) == [0, 1, 2, 3]

@@ -280,7 +280,7 @@ class SyncRunner:
                     except BaseException:
                         if attempt.must_roll_back(conn):
                             with contextlib.suppress(Exception):
-                                conn.execute("ROLLBACK")
+                                conn.rollback()
                         raise
                 attempt.committed()
                 return result
@@ -341,7 +341,7 @@ class AsyncRunner:
                     except BaseException:
                         if attempt.must_roll_back(conn):
                             with contextlib.suppress(Exception):
-                                await conn.execute("ROLLBACK")
+                                await conn.rollback()
                         raise
                 attempt.committed()
                 return result
@@ -386,7 +386,8 @@ def _framed(
     reach the disk (``synchronous_commit`` off for this transaction only). The write
     survives a crash of the client, not always one of the server; a later durable
     commit makes it durable too (the WAL is flushed in order). Only in a transaction of
-    our own: set in the caller's, it would relax the caller's commit.
+    our own, framed here (an autocommit connection): set in the caller's, it would relax
+    the caller's commit.
     """
     if explicit:
         yield _BEGIN
