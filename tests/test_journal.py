@@ -563,11 +563,11 @@ def graph_with_a_side_node(saver: Any) -> Any:
 async def test_a_command_goto_starts_an_attempt_before_the_node_it_runs(
     kind: str, saver: Any, durability: str
 ) -> None:
-    """Command(goto=...) sent to a paused or finished thread is its input: logged as an
-    update of ``__input__``, and the run starts again before the node it sends to is
-    logged (LangGraph runs that node from the same checkpoint, writing no new one
-    first). A Command(update=...) that triggers no node runs nothing: logged, and the
-    run is left as it was."""
+    """Command(goto=...) sent to a paused or finished thread is its input: the run
+    starts again, and the Command is logged as an update of ``__input__``, before the
+    node it sends to (LangGraph runs that node from the same checkpoint, writing no new
+    one first). A Command(update=...) that triggers no node runs nothing: logged, and
+    the run is left as it was."""
     graph = graph_with_a_side_node(saver)
     how = {"durability": durability}
     await call(graph, "invoke", kind, {"notes": []}, config("t1"), **how)
@@ -593,8 +593,8 @@ async def test_a_command_goto_starts_an_attempt_before_the_node_it_runs(
     assert shown[7:] == [
         ("run", "end", "succeeded"),
         # Sent to ``side`` once it had finished.
-        ("node", "update", "__input__"),
         ("run", "start", None),
+        ("node", "update", "__input__"),
         ("node", "end", "side"),
         ("run", "end", "succeeded"),
         # An update that triggers nothing.
@@ -621,6 +621,216 @@ async def test_a_resume_sent_through_another_saver_starts_only_what_it_resumes(
         assert await run_of(saver, kind, "t1") == ("succeeded", 2)
     events = await call(saver.journal, "events", kind, "t1")
     assert run_events(events) == PAUSED_THEN_DONE
+
+
+# ------------------------------------------- Commands: resumes, gotos and updates (review)
+
+
+def graph_with_a_charging_side_node(saver: Any, kind: str) -> Any:
+    """START -> ask (pauses) -> END, and ``side`` (a @side_effect call) that only a
+    Command's goto runs."""
+    builder = StateGraph(Notes)
+    builder.add_node("ask", lambda state: {"notes": [interrupt("approve?")]})
+    if is_async(kind):
+
+        @agentcheck.side_effect(name="charge")
+        async def acharge(n: int) -> str:
+            return f"charged {n}"
+
+        async def aside(state: Notes) -> Notes:
+            return {"notes": [await acharge(len(state.get("notes", [])))]}
+
+        builder.add_node("side", aside)
+    else:
+
+        @agentcheck.side_effect
+        def charge(n: int) -> str:
+            return f"charged {n}"
+
+        builder.add_node("side", lambda state: {"notes": [charge(len(state.get("notes", [])))]})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    builder.add_edge("side", END)
+    return builder.compile(checkpointer=saver)
+
+
+def shown(events: list[Any]) -> list[tuple[str, str, str | None]]:
+    return [(e.kind, e.phase, e.name) for e in events if e.name != "__start__"]
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("durability", ["sync", "async", "exit"])
+async def test_a_call_in_the_node_a_goto_runs_follows_the_start_of_its_attempt(
+    kind: str, saver: Any, durability: str
+) -> None:
+    """Command(goto="side") to a finished thread: the @side_effect call made in ``side``
+    belongs to the new attempt, so its events follow the attempt's start."""
+    graph = graph_with_a_charging_side_node(saver, kind)
+    how = {"durability": durability}
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), **how)
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **how)
+    assert await run_of(saver, kind) == ("succeeded", 2)
+    done = await call(graph, "invoke", kind, Command(goto="side"), config("t1"), **how)
+    assert done["notes"] == ["yes", "charged 1"]
+    assert await run_of(saver, kind) == ("succeeded", 3)
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    third = events[events.index(("run", "end", "succeeded")) + 1 :]
+    assert third.index(("run", "start", None)) < third.index(("tool", "start", "charge"))
+
+
+@parametrize_kinds
+async def test_a_resume_sent_through_another_saver_reads_running_while_the_node_runs(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """The approval of a paused thread arrives in another process (an API worker, or
+    after a restart): while the resumed node runs, its run is running, in its second
+    attempt (a crash there must leave it running, for the recovery workers)."""
+    seen: list[tuple[str, int]] = []
+
+    def node(journal: Any) -> Any:
+        if is_async(kind):
+
+            async def aask(state: Any) -> Any:
+                answer = interrupt("approve?")
+                run = await journal.aget_run("t1")
+                seen.append((run.status, run.attempt))
+                return {"log": [answer]}
+
+            return aask
+
+        def ask(state: Any) -> Any:
+            answer = interrupt("approve?")
+            run = journal.get_run("t1")
+            seen.append((run.status, run.attempt))
+            return {"log": [answer]}
+
+        return ask
+
+    await call(one_node_graph(saver, node(saver.journal)), "invoke", kind, {"log": []},
+               config("t1"))  # fmt: skip
+    async with open_saver(kind, **db) as other:
+        resumed = one_node_graph(other, node(other.journal))
+        await call(resumed, "invoke", kind, Command(resume="yes"), config("t1"))
+    assert seen == [("running", 2)]
+    assert await run_of(saver, kind) == ("succeeded", 2)
+
+
+def subgraph(*names: str, pause: bool = False) -> Any:
+    """START -> each name -> END (the first pauses for an answer if ``pause``)."""
+    builder = StateGraph(Notes)
+    previous = START
+    for i, name in enumerate(names):
+        if pause and i == 0:
+            builder.add_node(name, lambda state: {"notes": [interrupt("approve?")]})
+        else:
+            builder.add_node(name, lambda state, name=name: {"notes": [name]})
+        builder.add_edge(previous, name)
+        previous = name
+    builder.add_edge(previous, END)
+    return builder.compile()
+
+
+def graph_with_subgraphs(saver: Any) -> Any:
+    """START -> outer (a subgraph: inner_ask pauses, then inner_after) -> END, and
+    ``side`` (a subgraph: inner_side) that only a Command's goto runs."""
+    builder = StateGraph(Notes)
+    builder.add_node("outer", subgraph("inner_ask", "inner_after", pause=True))
+    builder.add_node("side", subgraph("inner_side"))
+    builder.add_edge(START, "outer")
+    builder.add_edge("outer", END)
+    builder.add_edge("side", END)
+    return builder.compile(checkpointer=saver)
+
+
+def after_last_stop(events: list[Any]) -> list[tuple[str, str, str | None]]:
+    steps = shown(events)
+    stops = [i for i, s in enumerate(steps) if s[0] == "run" and s[1] in ("end", "interrupt")]
+    return steps[stops[-2] + 1 :]
+
+
+@parametrize_kinds
+async def test_a_resume_sent_through_another_saver_starts_before_the_subgraph_it_resumes(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """A thread paused inside a subgraph, resumed through another saver: the run's
+    start comes before the events of the subgraph's nodes that run on."""
+    await call(graph_with_subgraphs(saver), "invoke", kind, {"notes": []}, config("t1"))
+    async with open_saver(kind, **db) as other:
+        resumed = graph_with_subgraphs(other)
+        await call(resumed, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+    assert await run_of(saver, kind) == ("succeeded", 2)
+    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
+    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_ask")), steps
+
+
+@parametrize_kinds
+async def test_a_command_goto_to_a_subgraph_starts_before_its_nodes(kind: str, saver: Any) -> None:
+    """Command(goto="side") to a finished thread, ``side`` a subgraph: the new attempt
+    starts before the events of the subgraph's nodes."""
+    graph = graph_with_subgraphs(saver)
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), durability="sync")
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+    await call(graph, "invoke", kind, Command(goto="side"), config("t1"), durability="sync")
+    assert await run_of(saver, kind) == ("succeeded", 3)
+    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
+    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_side")), steps
+
+
+@parametrize_kinds
+async def test_a_resume_sent_after_update_state_finished_the_paused_node_starts_nothing(
+    kind: str, saver: Any
+) -> None:
+    """update_state(as_node="ask") answers for the paused node: nothing is paused any
+    more. A resume sent after it (an approval submitted late) runs nothing, and the run
+    is left as it was (not restarted, never to end)."""
+    graph = one_node_graph(saver, lambda state: {"log": [interrupt("approve?")]})
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="sync")
+    await call(graph, "update_state", kind, config("t1"), {"log": ["by hand"]}, as_node="ask")
+    await call(graph, "invoke", kind, Command(resume="late"), config("t1"), durability="sync")
+    assert (await call(graph, "get_state", kind, config("t1"))).next == ()
+    assert await run_of(saver, kind) == ("interrupted", 1)
+
+
+@parametrize_kinds
+async def test_a_resume_after_an_update_is_no_second_update(kind: str, saver: Any) -> None:
+    """Command(update=...) then Command(resume=...) at the same checkpoint: one update of
+    ``__input__`` (LangGraph saves the null task's earlier writes again with the resume)."""
+    graph = one_node_graph(saver, lambda state: {"log": ["done"]})
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="sync")
+    await call(graph, "invoke", kind, Command(update={"log": ["late"]}), config("t1"))
+    await call(graph, "invoke", kind, Command(resume="again"), config("t1"))
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert events.count(("node", "update", "__input__")) == 1, events
+
+
+@parametrize_kinds
+async def test_a_command_that_opens_a_thread_logs_nothing_before_the_run_starts(
+    kind: str, saver: Any
+) -> None:
+    """Command(update=..., goto=...) as the first input of a new thread: the run's
+    start is its first event."""
+    graph = one_node_graph(saver, lambda state: {"log": ["done"]})
+    await call(graph, "invoke", kind, Command(update={"log": ["x"]}, goto="ask"), config("t1"),
+               durability="sync")  # fmt: skip
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert events[0] == ("run", "start", None), events
+
+
+@parametrize_kinds
+async def test_a_stray_resume_after_another_process_finished_the_thread_starts_nothing(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """Paused through ``saver``, resumed to its end through another saver (another API
+    worker); the approval submitted twice reaches the first: nothing is paused, nothing
+    runs, and the run stays succeeded (``saver`` still remembers it interrupted)."""
+    graph = one_node_graph(saver, lambda state: {"log": [interrupt("approve?")]})
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="sync")
+    async with open_saver(kind, **db) as other:
+        resumed = one_node_graph(other, lambda state: {"log": [interrupt("approve?")]})
+        await call(resumed, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+    assert await run_of(saver, kind) == ("succeeded", 2)
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+    assert await run_of(saver, kind) == ("succeeded", 2)
 
 
 @task

@@ -338,6 +338,14 @@ class JournalOps:
             yield from self.log(event)
         return None
 
+    def resume_paused_run(self, run_id: str) -> Operation[bool]:
+        """Restart a run only if it is ``interrupted`` (attempt + 1, with its start
+        event); whether it was."""
+        rows = yield Query(self.sql.RESUME_PAUSED_RUN, (self.core.owner, now(), run_id), fetch=True)
+        if rows:
+            yield from self.log(EventSpec(run_id, "run", "start"))
+        return bool(rows)
+
     def mark_succeeded(
         self, run_id: str, on_applied: Callable[[], None] | None = None
     ) -> Operation[None]:

@@ -587,6 +587,14 @@ class SQL:
         "UPDATE agentcheck_runs SET status = 'succeeded', updated_at = ?, ended_at = ? "
         "WHERE run_id = ? AND status = 'running' RETURNING run_id"
     )
+    # A paused run resumed (Command(resume=...)) through a saver that does not know its
+    # status: restarted only if it is paused, so that a resume with nothing paused (an
+    # approval sent twice) leaves a finished run as it is.
+    RESUME_PAUSED_RUN = (
+        "UPDATE agentcheck_runs SET status = 'running', attempt = attempt + 1, owner = ?, "
+        "lease_until = NULL, updated_at = ?, ended_at = NULL, error = NULL "
+        "WHERE run_id = ? AND status = 'interrupted' RETURNING attempt"
+    )
     # Where the database can (PostgreSQL): the run transition and its event in one
     # statement, the event appended only if the transition applied (see PostgresSQL).
     START_RUN_LOGGED: str | None = None

@@ -232,6 +232,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self._run_status: dict[str, tuple[str, str | None]] = {}
         self._stopped_by: dict[str, frozenset[str]] = {}
         self._commanded: dict[str, str] = {}
+        self._null_writes: dict[str, tuple[str, int]] = {}
         # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
         self._push_nodes: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         # Names this process in the runs it drives (agentcheck_runs.owner).

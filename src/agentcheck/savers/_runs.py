@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME, TASKS
 
 from agentcheck import _task_names as task_names
 from agentcheck.backends.base import OnCommit, Operation
@@ -58,6 +59,12 @@ def _triggers_a_node(values: Mapping[str, Any]) -> bool:
         if channel.startswith(_JOIN) and _join_complete(channel, value):
             return True
     return False
+
+
+def _is_goto(channel: str) -> bool:
+    """Whether a write of no task is a Command's goto: to a node (its branch channel) or
+    a Send (LangGraph's tasks channel)."""
+    return channel.startswith("branch:to:") or channel == TASKS
 
 
 def _called(task_path: str) -> bool:
@@ -112,6 +119,9 @@ class RunJournal:
     # Per thread: the checkpoint a stopped run was given a Command's goto or update at
     # (its input): the tasks that run from there carry the run on.
     _commanded: dict[str, str]
+    # Per thread: the latest checkpoint that had writes of no task (a Command's), and how
+    # many, besides a resume value.
+    _null_writes: dict[str, tuple[str, int]]
     # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
     _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
 
@@ -224,7 +234,11 @@ class RunJournal:
         return checkpoint_id > at or (
             checkpoint_id == at
             and (
-                task_id in self._stopped_by.get(run_id, ())
+                # Nothing of the run that ended there runs from its last checkpoint: a
+                # task there is new input's (a Command's goto or update, which LangGraph
+                # may store only when the run exits: durability="exit").
+                status == "succeeded"
+                or task_id in self._stopped_by.get(run_id, ())
                 or self._commanded.get(run_id) == checkpoint_id
             )
         )
@@ -256,17 +270,24 @@ class RunJournal:
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
         # Writes of no task: a Command's resume value for the whole run, goto or update,
-        # which LangGraph applies as the run's input. They run nothing themselves: an
-        # update that triggers no node, or a resume with nothing paused, leaves the run
-        # as it was, and the nodes a goto triggers, which run from this same checkpoint,
-        # carry a stopped run on (_goes_on). Where this process does not know the run's
-        # status, the tasks that do run start it (their writes are the first it sees).
+        # which LangGraph applies as the run's input. A goto always runs what it sends
+        # to: the run starts here. A resume starts a run paused at this checkpoint (one
+        # paused earlier was answered since, by update_state: the tasks that run from a
+        # later checkpoint start it, see _goes_on); where this process does not know the
+        # run's status, only if the database has it paused. Anything else runs nothing
+        # itself: a resume with nothing paused, or an update that triggers no node,
+        # leaves the run as it was; the nodes an update does trigger, which run from this
+        # same checkpoint, carry a stopped run on (_goes_on).
         null = task_id == NULL_TASK_ID
         command = null and not channels <= {RESUME}
+        if not stale and null and RESUME in channels and status is None:
+            if (yield from self.journal_ops.resume_paused_run(thread_id)):
+                yield from self._set_status(thread_id, "running", checkpoint_id)
+                status = "running"
         if not stale and (
             (status is None and not null)  # the first write this process sees for it
-            # A resume value for the whole run (Command(resume=value)) of a paused one
-            or (null and RESUME in channels and status == "interrupted")
+            or (null and any(map(_is_goto, channels)))
+            or (null and RESUME in channels and status == "interrupted" and checkpoint_id == at)
             or (not null and self._goes_on(thread_id, checkpoint_id, task_id))
         ):
             status = yield from self._start_if_due(thread_id, checkpoint_id)
@@ -275,7 +296,14 @@ class RunJournal:
         if command:
             if not stale and status != "running":
                 yield OnCommit(self._remember_command(thread_id, checkpoint_id))
-            yield from self.journal_ops.log(EventSpec(thread_id, "node", "update", name=INPUT))
+            # LangGraph stores a checkpoint's earlier writes of no task again with each
+            # new Command there: only more of them are a new update.
+            given = sum(1 for channel, _ in writes if channel != RESUME)
+            seen_at, seen = self._null_writes.get(thread_id, ("", 0))
+            if seen_at != checkpoint_id or given > seen:
+                seen_now = (checkpoint_id, given)
+                yield OnCommit(partial(self._null_writes.__setitem__, thread_id, seen_now))
+                yield from self.journal_ops.log(EventSpec(thread_id, "node", "update", name=INPUT))
             return None
         new_status: str | None
         if ERROR in channels and _called(task_path):
