@@ -381,45 +381,49 @@ EDGE = 5  # turns pooled at each end of the thread
 def _growing_thread_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
     reps = ctx.scale(8, 3)
     ctx.log(f"growing/{db}: {reps} x {GROWING_TURNS} turns")
-    warm = {
-        impl: ChatThread(stores[impl].saver, "warm-up", ctx.corpus, user="u-1") for impl in IMPLS
-    }
-    for turn in range(10):
-        checkpoint_id = new_checkpoint_id(turn)
-        for impl in IMPLS:
-            warm[impl].advance(checkpoint_id)
+    # The bytes of one whole thread, measured on its own (untimed).
     grown: dict[Impl, int] = {}
+    ids = [new_checkpoint_id(turn) for turn in range(GROWING_TURNS)]
+    for impl in IMPLS:
+        thread = ChatThread(stores[impl].saver, "grow-bytes", ctx.corpus, user="u-1")
+        size_before = stores[impl].size_bytes()
+        for checkpoint_id in ids:
+            thread.advance(checkpoint_id)
+        grown[impl] = stores[impl].size_bytes() - size_before
+    # Each saver's thread runs whole on its own, the savers' order alternating by
+    # repetition: growth compares a saver with itself. Interleaved turn by turn, one
+    # saver's turn-200 put would run right after the other's (the official savers write
+    # ~230 KB there, evicting the processor's caches) and its turn-1 put after a 1 KB
+    # one, so each growth would also count the other saver's. Both ends of the thread
+    # get the same lead-in, untimed: a pause (the database's background work on what
+    # was written before, the other saver's thread included, settles) and a few puts of
+    # the same saver on a thread of its own (a 10-message window: the same puts each
+    # time).
+    warm = {
+        impl: ChatThread(stores[impl].saver, "warm-up", ctx.corpus, user="u-1", window=10)
+        for impl in IMPLS
+    }
+    warm_steps = iter(range(10**6))
+
+    def lead_in(impl: Impl) -> None:
+        time.sleep(0.2)
+        for _ in range(EDGE):
+            warm[impl].advance(new_checkpoint_id(next(warm_steps)))
+
     early: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
     late: dict[Impl, list[float]] = {impl: [] for impl in IMPLS}
     for rep in range(reps):
-        threads = {
-            impl: ChatThread(stores[impl].saver, f"grow-{rep}", ctx.corpus, user="u-1")
-            for impl in IMPLS
-        }
         ids = [new_checkpoint_id(turn) for turn in range(GROWING_TURNS)]
-        # Each saver's thread runs whole on its own, the savers' order alternating by
-        # repetition: growth compares a saver with itself. Interleaved turn by turn, one
-        # saver's turn-200 put would run right after the other's (the official savers
-        # write ~230 KB there, evicting the processor's caches) and its turn-1 put after
-        # a 1 KB one, so each growth would also count the other saver's. For the same
-        # reason turn 1 does not follow the other saver's block directly: a pause lets
-        # the database's background writes of that block finish (PostgreSQL's WAL
-        # writer), and a few puts on the warm-up thread, of that saver, come first, as
-        # the saver's own 195 puts come before turn 196.
         for impl in IMPLS[rep % len(IMPLS) :] + IMPLS[: rep % len(IMPLS)]:
-            time.sleep(0.2)
-            for turn in range(EDGE):
-                warm[impl].advance(new_checkpoint_id(10 + rep * EDGE + turn))
-            if rep == 0:  # the first thread's bytes, without the warm-up thread's
-                size_before = stores[impl].size_bytes()
+            thread = ChatThread(stores[impl].saver, f"grow-{rep}", ctx.corpus, user="u-1")
             for turn in range(GROWING_TURNS):
-                ms = threads[impl].advance(ids[turn]) / 1e6
+                if turn in (0, GROWING_TURNS - EDGE):
+                    lead_in(impl)
+                ms = thread.advance(ids[turn]) / 1e6
                 if turn < EDGE:
                     early[impl].append(ms)
                 elif turn >= GROWING_TURNS - EDGE:
                     late[impl].append(ms)
-            if rep == 0:
-                grown[impl] = stores[impl].size_bytes() - size_before
     growth = {
         impl: statistics.median(late[impl]) / statistics.median(early[impl]) for impl in IMPLS
     }
