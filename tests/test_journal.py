@@ -683,16 +683,22 @@ async def test_a_resume_sent_through_another_saver_reads_running_while_the_node_
     kind: str, saver: Any, db: dict[str, str]
 ) -> None:
     """The approval of a paused thread arrives in another process (an API worker, or
-    after a restart): while the resumed node runs, its run is running, in its second
+    after a restart): while the resumed node runs, once the resume is stored (LangGraph
+    stores it beside the node, in the background), its run is running, in its second
     attempt (a crash there must leave it running, for the recovery workers)."""
     seen: list[tuple[str, int]] = []
 
     def node(journal: Any) -> Any:
+        # Waits (up to 5 s) for the run to be running; records what it saw last.
         if is_async(kind):
 
             async def aask(state: Any) -> Any:
                 answer = interrupt("approve?")
-                run = await journal.aget_run("t1")
+                for _ in range(500):
+                    run = await journal.aget_run("t1")
+                    if run.status == "running":
+                        break
+                    await asyncio.sleep(0.01)
                 seen.append((run.status, run.attempt))
                 return {"log": [answer]}
 
@@ -700,7 +706,11 @@ async def test_a_resume_sent_through_another_saver_reads_running_while_the_node_
 
         def ask(state: Any) -> Any:
             answer = interrupt("approve?")
-            run = journal.get_run("t1")
+            for _ in range(500):
+                run = journal.get_run("t1")
+                if run.status == "running":
+                    break
+                time.sleep(0.01)
             seen.append((run.status, run.attempt))
             return {"log": [answer]}
 
