@@ -563,11 +563,11 @@ def graph_with_a_side_node(saver: Any) -> Any:
 async def test_a_command_goto_starts_an_attempt_before_the_node_it_runs(
     kind: str, saver: Any, durability: str
 ) -> None:
-    """Command(goto=...) sent to a paused or finished thread is its input: the run
-    starts again, and the Command is logged as an update of ``__input__``, before the
-    node it sends to (LangGraph runs that node from the same checkpoint, writing no new
-    one first). A Command(update=...) that triggers no node runs nothing: logged, and
-    the run is left as it was."""
+    """Command(goto=...) sent to a paused or finished thread is its input: logged as an
+    update of ``__input__``, and the run starts again before the node it sends to is
+    logged (LangGraph runs that node from the same checkpoint, writing no new one
+    first). A Command(update=...) that triggers no node runs nothing: logged, and the
+    run is left as it was."""
     graph = graph_with_a_side_node(saver)
     how = {"durability": durability}
     await call(graph, "invoke", kind, {"notes": []}, config("t1"), **how)
@@ -593,8 +593,8 @@ async def test_a_command_goto_starts_an_attempt_before_the_node_it_runs(
     assert shown[7:] == [
         ("run", "end", "succeeded"),
         # Sent to ``side`` once it had finished.
-        ("run", "start", None),
         ("node", "update", "__input__"),
+        ("run", "start", None),
         ("node", "end", "side"),
         ("run", "end", "succeeded"),
         # An update that triggers nothing.
@@ -814,16 +814,21 @@ async def test_a_resume_after_an_update_is_no_second_update(kind: str, saver: An
 
 
 @parametrize_kinds
-async def test_a_command_that_opens_a_thread_logs_nothing_before_the_run_starts(
+async def test_a_command_that_opens_a_thread_starts_the_run_before_its_nodes(
     kind: str, saver: Any
 ) -> None:
-    """Command(update=..., goto=...) as the first input of a new thread: the run's
-    start is its first event."""
+    """Command(update=..., goto=...) as the first input of a new thread: logged as an
+    update of ``__input__``, then the run starts before the node it sends to."""
     graph = one_node_graph(saver, lambda state: {"log": ["done"]})
     await call(graph, "invoke", kind, Command(update={"log": ["x"]}, goto="ask"), config("t1"),
                durability="sync")  # fmt: skip
     events = shown(await call(saver.journal, "events", kind, "t1"))
-    assert events[0] == ("run", "start", None), events
+    assert events[:3] == [
+        ("node", "update", "__input__"),
+        ("run", "start", None),
+        ("node", "end", "ask"),
+    ], events
+    assert await run_of(saver, kind) == ("succeeded", 1)
 
 
 @parametrize_kinds
@@ -841,6 +846,125 @@ async def test_a_stray_resume_after_another_process_finished_the_thread_starts_n
     assert await run_of(saver, kind) == ("succeeded", 2)
     await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
     assert await run_of(saver, kind) == ("succeeded", 2)
+
+
+def watching_node(journal: Any, kind: str, seen: list[tuple[str, int]]) -> Any:
+    """A node that pauses for an answer, then records the run's (status, attempt) as it
+    runs on (waiting up to 1 s for it to read running: the resume may be stored in the
+    background)."""
+    if is_async(kind):
+
+        async def aask(state: Any) -> Any:
+            answer = interrupt("approve?")
+            for _ in range(100):
+                run = await journal.aget_run("t1")
+                if run.status == "running":
+                    break
+                await asyncio.sleep(0.01)
+            seen.append((run.status, run.attempt))
+            return {"log": [answer]}
+
+        return aask
+
+    def ask(state: Any) -> Any:
+        answer = interrupt("approve?")
+        for _ in range(100):
+            run = journal.get_run("t1")
+            if run.status == "running":
+                break
+            time.sleep(0.01)
+        seen.append((run.status, run.attempt))
+        return {"log": [answer]}
+
+    return ask
+
+
+@parametrize_kinds
+async def test_a_goto_to_end_leaves_a_finished_run_as_it_was(kind: str, saver: Any) -> None:
+    """Command(goto=END) sent to a finished thread runs nothing (LangGraph ignores the
+    write to branch:to:__end__ and writes no checkpoint): the run must not be started
+    again, to read running for good."""
+    graph = one_node_graph(saver, lambda state: {"log": ["done"]})
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="sync")
+    await call(graph, "invoke", kind, Command(goto=END), config("t1"), durability="sync")
+    assert await run_of(saver, kind) == ("succeeded", 1)
+
+
+@parametrize_kinds
+@pytest.mark.parametrize("edit", ["values", "copy"])
+async def test_a_resume_after_an_edit_that_left_the_node_paused_reads_running(
+    kind: str, saver: Any, edit: str
+) -> None:
+    """Paused; update_state edits the state (or copies the checkpoint) but leaves the
+    paused node pending; Command(resume=...) then resumes it (LangGraph runs it again from
+    the edit's checkpoint). While the resumed node runs, its run must read running
+    (a crash there must leave it running, for the recovery workers)."""
+    seen: list[tuple[str, int]] = []
+    graph = one_node_graph(saver, watching_node(saver.journal, kind, seen))
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="sync")
+    if edit == "values":
+        await call(graph, "update_state", kind, config("t1"), {"log": ["edited"]})
+    else:
+        await call(graph, "update_state", kind, config("t1"), None, as_node="__copy__")
+    assert (await call(graph, "get_state", kind, config("t1"))).next == ("ask",)
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+    assert seen == [("running", 2)]
+    assert await run_of(saver, kind) == ("succeeded", 2)
+
+
+@parametrize_kinds
+async def test_a_resume_through_a_saver_whose_status_is_stale_reads_running(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """``saver`` paused the thread (it remembers it interrupted); another API worker
+    resumed it to its end and then paused it again on new input. A resume reaching
+    ``saver`` now resumes the paused node at a checkpoint later than the one ``saver``
+    remembers: the run must read running while the node runs."""
+    seen: list[tuple[str, int]] = []
+    graph = one_node_graph(saver, watching_node(saver.journal, kind, seen))
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="sync")
+    async with open_saver(kind, **db) as other:
+        there = one_node_graph(other, watching_node(other.journal, kind, []))
+        await call(there, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+        await call(there, "invoke", kind, {"log": []}, config("t1"), durability="sync")
+    assert await run_of(saver, kind) == ("interrupted", 3)
+    await call(graph, "invoke", kind, Command(resume="again"), config("t1"), durability="sync")
+    assert seen == [("running", 4)]
+    assert await run_of(saver, kind) == ("succeeded", 4)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_goto_stored_after_the_node_it_ran_paused_is_no_restart(
+    kind: str, saver: Any
+) -> None:
+    """durability="async": LangGraph stores the Command's writes in the background,
+    beside the node they run. If they reach the saver after that node paused the run
+    (simulated: the saver's put_writes of the null task is 0.3 s late), the late goto
+    starts nothing: the run stays paused in its second attempt (not running for good, in
+    a third)."""
+    put_writes = saver.put_writes
+
+    def late_put_writes(config: Any, writes: Any, task_id: str, task_path: str = "") -> Any:
+        if task_id == "00000000-0000-0000-0000-000000000000":
+            time.sleep(0.3)
+        return put_writes(config, writes, task_id, task_path)
+
+    saver.put_writes = late_put_writes
+    builder = StateGraph(Notes)
+    builder.add_node("ask", lambda state: {"notes": ["ask"]})
+    builder.add_node("side", lambda state: {"notes": [interrupt("side?")]})
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    builder.add_edge("side", END)
+    graph = builder.compile(checkpointer=saver)
+    graph.invoke({"notes": []}, config("t1"), durability="sync")
+    graph.invoke(Command(goto="side"), config("t1"), durability="async")
+    assert run_of_sync(saver) == ("interrupted", 2)
+
+
+def run_of_sync(saver: Any) -> tuple[str, int]:
+    run = saver.journal.get_run("t1")
+    return run.status, run.attempt
 
 
 @task

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME, TASKS
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME
 
 from agentcheck import _task_names as task_names
 from agentcheck.backends.base import OnCommit, Operation
@@ -59,12 +59,6 @@ def _triggers_a_node(values: Mapping[str, Any]) -> bool:
         if channel.startswith(_JOIN) and _join_complete(channel, value):
             return True
     return False
-
-
-def _is_goto(channel: str) -> bool:
-    """Whether a write of no task is a Command's goto: to a node (its branch channel) or
-    a Send (LangGraph's tasks channel)."""
-    return channel.startswith("branch:to:") or channel == TASKS
 
 
 def _called(task_path: str) -> bool:
@@ -122,6 +116,9 @@ class RunJournal:
     # Per thread: the latest checkpoint that had writes of no task (a Command's), and how
     # many, besides a resume value.
     _null_writes: dict[str, tuple[str, int]]
+    # Per thread: the latest checkpoint update_state wrote (or a copy), and whether a
+    # node is still to run from it.
+    _edited_at: dict[str, tuple[str, bool]]
     # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
     _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
 
@@ -165,7 +162,10 @@ class RunJournal:
             # update_state from outside the graph, or a copy of a checkpoint (LangGraph's
             # "fork": update_state(as_node="__copy__"), or running again from an earlier
             # checkpoint): the run (paused, failed or ended) stays as it is; whatever
-            # runs next from here restarts it (_journal_task).
+            # runs next from here restarts it (_journal_task). Whether a node is still
+            # to run from it decides what a resume sent there does.
+            live = bool(pending) or _triggers_a_node(values)
+            yield OnCommit(partial(self._edited_at.__setitem__, thread_id, (checkpoint_id, live)))
             return None
         status, at = self._run_status.get(thread_id, (None, None))
         if status != "running" and at is not None and checkpoint_id <= at:
@@ -267,27 +267,32 @@ class RunJournal:
         # Writes of a step older than the run's last transition are still logged, but
         # change the run's status no more.
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
+        commanded = self._commanded.get(thread_id)
+        if ns and commanded is not None and status not in (None, "running"):
+            # A subgraph's task, run by a Command sent to a stopped run (a goto to a
+            # subgraph node): a graph's invoke returns once all its writes are stored, so
+            # what comes after the Command is the new invocation's. It starts the run as
+            # the Command's checkpoint would.
+            status = yield from self._start_if_due(thread_id, commanded)
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
         # Writes of no task: a Command's resume value for the whole run, goto or update,
-        # which LangGraph applies as the run's input. A goto always runs what it sends
-        # to: the run starts here. A resume starts a run paused at this checkpoint (one
-        # paused earlier was answered since, by update_state: the tasks that run from a
-        # later checkpoint start it, see _goes_on); where this process does not know the
-        # run's status, only if the database has it paused. Anything else runs nothing
-        # itself: a resume with nothing paused, or an update that triggers no node,
-        # leaves the run as it was; the nodes an update does trigger, which run from this
-        # same checkpoint, carry a stopped run on (_goes_on).
+        # which LangGraph applies as the run's input. They run nothing themselves: a
+        # goto or update leaves the run to the tasks that run from this same checkpoint
+        # (_goes_on; a goto may send to nothing that runs: END), and a resume starts the
+        # run only if it is paused here (see _resumes).
         null = task_id == NULL_TASK_ID
         command = null and not channels <= {RESUME}
-        if not stale and null and RESUME in channels and status is None:
-            if (yield from self.journal_ops.resume_paused_run(thread_id)):
-                yield from self._set_status(thread_id, "running", checkpoint_id)
-                status = "running"
+        if not stale and null and RESUME in channels and status != "running":
+            resumes = self._resumes(thread_id, checkpoint_id)
+            if resumes is None:  # this process cannot tell: the database has it paused?
+                if (yield from self.journal_ops.resume_paused_run(thread_id)):
+                    yield from self._set_status(thread_id, "running", checkpoint_id)
+                    status = "running"
+            elif resumes:
+                status = yield from self._start_if_due(thread_id, checkpoint_id)
         if not stale and (
             (status is None and not null)  # the first write this process sees for it
-            or (null and any(map(_is_goto, channels)))
-            or (null and RESUME in channels and status == "interrupted" and checkpoint_id == at)
             or (not null and self._goes_on(thread_id, checkpoint_id, task_id))
         ):
             status = yield from self._start_if_due(thread_id, checkpoint_id)
@@ -357,6 +362,23 @@ class RunJournal:
         )
         yield from self._set_status(thread_id, new_status, checkpoint_id)
         yield OnCommit(self._remember_stopped(thread_id, stopped | {task_id}))
+        return None
+
+    def _resumes(self, thread_id: str, checkpoint_id: str) -> bool | None:
+        """Whether a resume sent to ``checkpoint_id`` resumes the thread's paused run:
+        it was paused there, or update_state edited it there (or copied it) and left a
+        node to run. False: nothing is paused there (the run finished or failed there,
+        or update_state answered for the paused node). None where this process cannot
+        tell: it knows no status, or not that checkpoint (written by another process,
+        which may have run the thread on and paused it again)."""
+        status, at = self._run_status.get(thread_id, (None, None))
+        if status is None or at is None:
+            return None
+        if checkpoint_id == at:
+            return status == "interrupted"
+        edited_at, live = self._edited_at.get(thread_id, ("", False))
+        if checkpoint_id == edited_at:
+            return status == "interrupted" and live
         return None
 
     def _set_status(self, run_id: str, status: str, at: str | None) -> Operation[None]:
