@@ -687,39 +687,10 @@ async def test_a_resume_sent_through_another_saver_reads_running_while_the_node_
     stores it beside the node, in the background), its run is running, in its second
     attempt (a crash there must leave it running, for the recovery workers)."""
     seen: list[tuple[str, int]] = []
-
-    def node(journal: Any) -> Any:
-        # Waits (up to 5 s) for the run to be running; records what it saw last.
-        if is_async(kind):
-
-            async def aask(state: Any) -> Any:
-                answer = interrupt("approve?")
-                for _ in range(500):
-                    run = await journal.aget_run("t1")
-                    if run.status == "running":
-                        break
-                    await asyncio.sleep(0.01)
-                seen.append((run.status, run.attempt))
-                return {"log": [answer]}
-
-            return aask
-
-        def ask(state: Any) -> Any:
-            answer = interrupt("approve?")
-            for _ in range(500):
-                run = journal.get_run("t1")
-                if run.status == "running":
-                    break
-                time.sleep(0.01)
-            seen.append((run.status, run.attempt))
-            return {"log": [answer]}
-
-        return ask
-
-    await call(one_node_graph(saver, node(saver.journal)), "invoke", kind, {"log": []},
-               config("t1"))  # fmt: skip
+    await call(one_node_graph(saver, watching_node(saver.journal, kind, seen)), "invoke", kind,
+               {"log": []}, config("t1"))  # fmt: skip
     async with open_saver(kind, **db) as other:
-        resumed = one_node_graph(other, node(other.journal))
+        resumed = one_node_graph(other, watching_node(other.journal, kind, seen))
         await call(resumed, "invoke", kind, Command(resume="yes"), config("t1"))
     assert seen == [("running", 2)]
     assert await run_of(saver, kind) == ("succeeded", 2)
@@ -850,13 +821,13 @@ async def test_a_stray_resume_after_another_process_finished_the_thread_starts_n
 
 def watching_node(journal: Any, kind: str, seen: list[tuple[str, int]]) -> Any:
     """A node that pauses for an answer, then records the run's (status, attempt) as it
-    runs on (waiting up to 1 s for it to read running: the resume may be stored in the
+    runs on (waiting up to 5 s for it to read running: the resume may be stored in the
     background)."""
     if is_async(kind):
 
         async def aask(state: Any) -> Any:
             answer = interrupt("approve?")
-            for _ in range(100):
+            for _ in range(500):
                 run = await journal.aget_run("t1")
                 if run.status == "running":
                     break
@@ -868,7 +839,7 @@ def watching_node(journal: Any, kind: str, seen: list[tuple[str, int]]) -> Any:
 
     def ask(state: Any) -> Any:
         answer = interrupt("approve?")
-        for _ in range(100):
+        for _ in range(500):
             run = journal.get_run("t1")
             if run.status == "running":
                 break
