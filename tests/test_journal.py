@@ -938,6 +938,106 @@ def run_of_sync(saver: Any) -> tuple[str, int]:
     return run.status, run.attempt
 
 
+# ------------------------------------------------ resumes and gotos, a third review
+
+
+@parametrize_kinds
+async def test_a_goto_to_a_subgraph_sent_through_another_saver_starts_before_its_nodes(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """Command(goto="side"), ``side`` a subgraph, sent to a finished thread through a saver
+    that does not know the run's status (another API worker, a restarted process): the
+    new attempt starts before the events of the subgraph's nodes, as it does through the
+    saver that knows the run."""
+    graph = graph_with_subgraphs(saver)
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), durability="sync")
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+    async with open_saver(kind, **db) as other:
+        there = graph_with_subgraphs(other)
+        await call(there, "invoke", kind, Command(goto="side"), config("t1"), durability="sync")
+    assert await run_of(saver, kind) == ("succeeded", 3)
+    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
+    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_side")), steps
+
+
+@parametrize_kinds
+async def test_a_resume_after_a_copy_of_a_paused_entrypoint_reads_running(
+    kind: str, saver: Any
+) -> None:
+    """Functional API: the entrypoint pauses; update_state(as_node="__copy__") copies the
+    checkpoint, which leaves the entrypoint pending (through ``__start__``, not a
+    ``branch:to:`` channel); Command(resume=...) resumes it from the copy. While it runs,
+    its run must read running (as for a StateGraph, test_a_resume_after_an_edit_...)."""
+    seen: list[tuple[str, int]] = []
+    journal = saver.journal
+    if is_async(kind):
+
+        @entrypoint(checkpointer=saver)
+        async def workflow(x: int) -> int:
+            answer = interrupt("approve?")
+            for _ in range(500):
+                run = await journal.aget_run("t1")
+                if run.status == "running":
+                    break
+                await asyncio.sleep(0.01)
+            seen.append((run.status, run.attempt))
+            return x + len(answer)
+
+    else:
+
+        @entrypoint(checkpointer=saver)
+        def workflow(x: int) -> int:
+            answer = interrupt("approve?")
+            for _ in range(500):
+                run = journal.get_run("t1")
+                if run.status == "running":
+                    break
+                time.sleep(0.01)
+            seen.append((run.status, run.attempt))
+            return x + len(answer)
+
+    await call(workflow, "invoke", kind, 1, config("t1"), durability="sync")
+    await call(workflow, "update_state", kind, config("t1"), None, as_node="__copy__")
+    assert (await call(workflow, "get_state", kind, config("t1"))).next == ("workflow",)
+    await call(workflow, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+    assert seen == [("running", 2)]
+    assert await run_of(saver, kind) == ("succeeded", 2)
+
+
+@parametrize_kinds
+async def test_a_late_resume_after_a_restarted_saver_answered_the_paused_node_starts_nothing(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """As test_a_resume_sent_after_update_state_finished_the_paused_node_starts_nothing,
+    but the process restarted after the pause: the new saver wrote the edit itself, so
+    it knows nothing is left to run from it, and the late resume restarts nothing (the
+    run would read running for good)."""
+    graph = one_node_graph(saver, lambda state: {"log": [interrupt("approve?")]})
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="sync")
+    async with open_saver(kind, **db) as restarted:
+        again = one_node_graph(restarted, lambda state: {"log": [interrupt("approve?")]})
+        await call(again, "update_state", kind, config("t1"), {"log": ["by hand"]}, as_node="ask")
+        await call(again, "invoke", kind, Command(resume="late"), config("t1"), durability="sync")
+        assert (await call(again, "get_state", kind, config("t1"))).next == ()
+    assert await run_of(saver, kind) == ("interrupted", 1)
+
+
+@parametrize_kinds
+async def test_a_resume_by_interrupt_id_starts_before_the_subgraph_it_resumes(
+    kind: str, saver: Any
+) -> None:
+    """A thread paused inside a subgraph, resumed by interrupt id: the run's start comes
+    before the events of the subgraph's nodes that run on."""
+    graph = graph_with_subgraphs(saver)
+    out = await call(graph, "invoke", kind, {"notes": []}, config("t1"), durability="sync")
+    (pending,) = out["__interrupt__"]
+    await call(graph, "invoke", kind, Command(resume={pending.id: "yes"}), config("t1"),
+               durability="sync")  # fmt: skip
+    assert await run_of(saver, kind) == ("succeeded", 2)
+    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
+    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_ask")), steps
+
+
 @task
 def risky(x: int) -> int:
     """A functional-API task that always fails (its callers catch it, or not)."""

@@ -164,7 +164,7 @@ class RunJournal:
             # checkpoint): the run (paused, failed or ended) stays as it is; whatever
             # runs next from here restarts it (_journal_task). Whether a node is still
             # to run from it decides what a resume sent there does.
-            live = bool(pending) or _triggers_a_node(values)
+            live = bool(pending) or _triggers_a_node(values) or "__start__" in values
             yield OnCommit(partial(self._edited_at.__setitem__, thread_id, (checkpoint_id, live)))
             return None
         status, at = self._run_status.get(thread_id, (None, None))
@@ -268,12 +268,21 @@ class RunJournal:
         # change the run's status no more.
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
         commanded = self._commanded.get(thread_id)
-        if ns and commanded is not None and status not in (None, "running"):
+        if ns and commanded is not None and status != "running":
             # A subgraph's task, run by a Command sent to a stopped run (a goto to a
             # subgraph node): a graph's invoke returns once all its writes are stored, so
             # what comes after the Command is the new invocation's. It starts the run as
             # the Command's checkpoint would.
             status = yield from self._start_if_due(thread_id, commanded)
+        elif (
+            ns
+            and status not in (None, "running")
+            and at is not None
+            and (ns.split("|", 1)[0].rpartition(":")[2] in self._stopped_by.get(thread_id, ()))
+        ):
+            # A subgraph of a root task that paused or failed the run, running again (a
+            # resume by interrupt id, invoke(None)): LangGraph stores nothing before it.
+            status = yield from self._start_if_due(thread_id, at)
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
         # Writes of no task: a Command's resume value for the whole run, goto or update,
@@ -372,11 +381,13 @@ class RunJournal:
         tell: it knows no status, or not that checkpoint (written by another process,
         which may have run the thread on and paused it again)."""
         status, at = self._run_status.get(thread_id, (None, None))
+        edited_at, live = self._edited_at.get(thread_id, ("", False))
+        if checkpoint_id == edited_at and not live:
+            return False  # nothing is left to run from there, whatever the status
         if status is None or at is None:
             return None
         if checkpoint_id == at:
             return status == "interrupted"
-        edited_at, live = self._edited_at.get(thread_id, ("", False))
         if checkpoint_id == edited_at:
             return status == "interrupted" and live
         return None
