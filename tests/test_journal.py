@@ -819,32 +819,42 @@ async def test_a_stray_resume_after_another_process_finished_the_thread_starts_n
     assert await run_of(saver, kind) == ("succeeded", 2)
 
 
+def run_once_running(journal: Any) -> tuple[str, int]:
+    """Thread t1's run as (status, attempt), once it reads running, or after 5 s: a
+    resume may be stored in the background, beside the node it resumes."""
+    for _ in range(500):
+        run = journal.get_run("t1")
+        if run.status == "running":
+            break
+        time.sleep(0.01)
+    return run.status, run.attempt
+
+
+async def arun_once_running(journal: Any) -> tuple[str, int]:
+    """The async twin of run_once_running."""
+    for _ in range(500):
+        run = await journal.aget_run("t1")
+        if run.status == "running":
+            break
+        await asyncio.sleep(0.01)
+    return run.status, run.attempt
+
+
 def watching_node(journal: Any, kind: str, seen: list[tuple[str, int]]) -> Any:
     """A node that pauses for an answer, then records the run's (status, attempt) as it
-    runs on (waiting up to 5 s for it to read running: the resume may be stored in the
-    background)."""
+    runs on (run_once_running)."""
     if is_async(kind):
 
         async def aask(state: Any) -> Any:
             answer = interrupt("approve?")
-            for _ in range(500):
-                run = await journal.aget_run("t1")
-                if run.status == "running":
-                    break
-                await asyncio.sleep(0.01)
-            seen.append((run.status, run.attempt))
+            seen.append(await arun_once_running(journal))
             return {"log": [answer]}
 
         return aask
 
     def ask(state: Any) -> Any:
         answer = interrupt("approve?")
-        for _ in range(500):
-            run = journal.get_run("t1")
-            if run.status == "running":
-                break
-            time.sleep(0.01)
-        seen.append((run.status, run.attempt))
+        seen.append(run_once_running(journal))
         return {"log": [answer]}
 
     return ask
@@ -975,12 +985,7 @@ async def test_a_resume_after_a_copy_of_a_paused_entrypoint_reads_running(
         @entrypoint(checkpointer=saver)
         async def workflow(x: int) -> int:
             answer = interrupt("approve?")
-            for _ in range(500):
-                run = await journal.aget_run("t1")
-                if run.status == "running":
-                    break
-                await asyncio.sleep(0.01)
-            seen.append((run.status, run.attempt))
+            seen.append(await arun_once_running(journal))
             return x + len(answer)
 
     else:
@@ -988,12 +993,7 @@ async def test_a_resume_after_a_copy_of_a_paused_entrypoint_reads_running(
         @entrypoint(checkpointer=saver)
         def workflow(x: int) -> int:
             answer = interrupt("approve?")
-            for _ in range(500):
-                run = journal.get_run("t1")
-                if run.status == "running":
-                    break
-                time.sleep(0.01)
-            seen.append((run.status, run.attempt))
+            seen.append(run_once_running(journal))
             return x + len(answer)
 
     await call(workflow, "invoke", kind, 1, config("t1"), durability="sync")

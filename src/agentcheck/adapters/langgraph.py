@@ -48,6 +48,7 @@ from agentcheck.effects import (
     register_resolver,
     resolve_context,
 )
+from agentcheck.savers._runs import root_task
 from agentcheck.savers.base import AsyncSaver, SyncSaver
 
 __all__ = ["DurableChatModel", "durable_model", "langgraph_context"]
@@ -163,13 +164,13 @@ def langgraph_context() -> CallContext | None:
                 node, str(ns), str(task_id),
             )  # fmt: skip
     root_checkpoint = (conf.get("checkpoint_map") or {}).get("")
-    root_task = str(ns).split("|", 1)[0].partition(":")[2]
+    root = root_task(str(ns))
     return CallContext(
         journal=saver.journal,
         scope=str(thread_id),
         key_prefix=f"{ns}|{task_id}",
         resolve_prefix=resolve_prefix,
-        position=(str(root_checkpoint), root_task) if root_checkpoint and root_task else None,
+        position=(str(root_checkpoint), root) if root_checkpoint and root else None,
         run_id=str(thread_id),
         call_id=_tool_call_ids.lookup(parent_run_id),
         counters=counters,

@@ -18,7 +18,7 @@ from agentcheck import _task_names as task_names
 from agentcheck.backends.base import OnCommit, Operation
 from agentcheck.journal import EventSpec, JournalOps
 
-__all__ = ["OUTSIDE_EDITS", "UPDATE_PATH", "RunJournal", "node_name", "triggers"]
+__all__ = ["OUTSIDE_EDITS", "UPDATE_PATH", "RunJournal", "node_name", "root_task", "triggers"]
 
 
 def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | None:
@@ -59,6 +59,12 @@ def _triggers_a_node(values: Mapping[str, Any]) -> bool:
         if channel.startswith(_JOIN) and _join_complete(channel, value):
             return True
     return False
+
+
+def root_task(ns: str) -> str:
+    """The id of the root graph's task a subgraph's checkpoint namespace runs under
+    (``<node>:<task id>|...``; "" at the root)."""
+    return ns.split("|", 1)[0].rpartition(":")[2]
 
 
 def _called(task_path: str) -> bool:
@@ -278,7 +284,7 @@ class RunJournal:
             ns
             and status not in (None, "running")
             and at is not None
-            and (ns.split("|", 1)[0].rpartition(":")[2] in self._stopped_by.get(thread_id, ()))
+            and root_task(ns) in self._stopped_by.get(thread_id, ())
         ):
             # A subgraph of a root task that paused or failed the run, running again (a
             # resume by interrupt id, invoke(None)): LangGraph stores nothing before it.
