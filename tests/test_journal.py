@@ -425,6 +425,19 @@ async def test_resuming_parallel_interrupts_one_by_one_counts_each_resume(
     ]
 
 
+async def assert_partly_resumed(saver: Any, kind: str, graph: Any) -> None:
+    """Run ``graph`` (branches x and y both pause), then resume x alone by its
+    interrupt's id: y pauses again, and the run reads interrupted in its second attempt."""
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    state = await call(graph, "get_state", kind, config("t1"))
+    (x,) = [i for i in state.interrupts if i.value == "x"]
+    await call(graph, "invoke", kind, Command(resume={x.id: "ok"}), config("t1"), **SYNC)
+    state = await call(graph, "get_state", kind, config("t1"))
+    assert state.next == ("y",)
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert await run_of(saver, kind) == ("interrupted", 2), events
+
+
 @parametrize_kinds
 async def test_a_partial_resume_that_leaves_a_node_paused_reads_interrupted(
     kind: str, saver: Any
@@ -441,13 +454,7 @@ async def test_a_partial_resume_that_leaves_a_node_paused_reads_interrupted(
 
     graph = branches_graph(saver, x=slow_x, y=lambda state: {"log": [f"y={interrupt('y')}"]})
 
-    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
-    state = await call(graph, "get_state", kind, config("t1"))
-    (x,) = [i for i in state.interrupts if i.value == "x"]
-    await call(graph, "invoke", kind, Command(resume={x.id: "ok"}), config("t1"), **SYNC)
-    state = await call(graph, "get_state", kind, config("t1"))
-    assert state.next == ("y",)
-    assert await run_of(saver, kind) == ("interrupted", 2)
+    await assert_partly_resumed(saver, kind, graph)
 
 
 @parametrize_kinds
@@ -914,6 +921,19 @@ async def test_a_resume_through_a_saver_whose_status_is_stale_reads_running(
     assert await run_of(saver, kind) == ("succeeded", 4)
 
 
+def delay_writes_of_no_task(saver: Any) -> None:
+    """From now on, the saver stores writes of no task (a Command's, a resume's) 0.3 s
+    late, as LangGraph's background writes may reach it after the tasks they ran."""
+    put_writes = saver.put_writes
+
+    def late_put_writes(config: Any, writes: Any, task_id: str, task_path: str = "") -> Any:
+        if task_id == "00000000-0000-0000-0000-000000000000":  # LangGraph's NULL_TASK_ID
+            time.sleep(0.3)
+        return put_writes(config, writes, task_id, task_path)
+
+    saver.put_writes = late_put_writes
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 async def test_a_goto_stored_after_the_node_it_ran_paused_is_no_restart(
     kind: str, saver: Any
@@ -923,14 +943,7 @@ async def test_a_goto_stored_after_the_node_it_ran_paused_is_no_restart(
     (simulated: the saver's put_writes of the null task is 0.3 s late), the late goto
     starts nothing: the run stays paused in its second attempt (not running for good, in
     a third)."""
-    put_writes = saver.put_writes
-
-    def late_put_writes(config: Any, writes: Any, task_id: str, task_path: str = "") -> Any:
-        if task_id == "00000000-0000-0000-0000-000000000000":
-            time.sleep(0.3)
-        return put_writes(config, writes, task_id, task_path)
-
-    saver.put_writes = late_put_writes
+    delay_writes_of_no_task(saver)
     builder = StateGraph(Notes)
     builder.add_node("ask", lambda state: {"notes": ["ask"]})
     builder.add_node("side", lambda state: {"notes": [interrupt("side?")]})
@@ -1022,13 +1035,9 @@ async def test_a_late_resume_after_a_restarted_saver_answered_the_paused_node_st
     assert await run_of(saver, kind) == ("interrupted", 1)
 
 
-@parametrize_kinds
-async def test_a_resume_by_interrupt_id_starts_before_the_subgraph_it_resumes(
-    kind: str, saver: Any
-) -> None:
-    """A thread paused inside a subgraph, resumed by interrupt id: the run's start comes
-    before the events of the subgraph's nodes that run on."""
-    graph = graph_with_subgraphs(saver)
+async def assert_resumed_by_interrupt_id(saver: Any, kind: str, graph: Any) -> None:
+    """Run ``graph`` (paused inside its subgraph's ``inner_ask``) and resume it by the
+    interrupt's id: the second attempt starts before the subgraph's events and ends."""
     out = await call(graph, "invoke", kind, {"notes": []}, config("t1"), durability="sync")
     (pending,) = out["__interrupt__"]
     await call(graph, "invoke", kind, Command(resume={pending.id: "yes"}), config("t1"),
@@ -1036,6 +1045,16 @@ async def test_a_resume_by_interrupt_id_starts_before_the_subgraph_it_resumes(
     assert await run_of(saver, kind) == ("succeeded", 2)
     steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
     assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_ask")), steps
+
+
+@parametrize_kinds
+async def test_a_resume_by_interrupt_id_starts_before_the_subgraph_it_resumes(
+    kind: str, saver: Any
+) -> None:
+    """A thread paused inside a subgraph, resumed by interrupt id: the run's start comes
+    before the events of the subgraph's nodes that run on."""
+    graph = graph_with_subgraphs(saver)
+    await assert_resumed_by_interrupt_id(saver, kind, graph)
 
 
 @task
@@ -1168,6 +1187,271 @@ async def test_run_succeeds_after_a_graph_that_fanned_out_with_send(kind: str, s
     assert state.next == ()
     run = await call(saver.journal, "get_run", kind, "t1")
     assert run.status == "succeeded"
+
+
+# ---------------------------- late writes of a Command, own checkpointers (a fourth review)
+
+
+def failing_subgraph_with_a_slow_branch() -> Any:
+    """START -> inner_boom (raises) and inner_slow (sleeps 0.3 s) in parallel -> END."""
+
+    def inner_boom(state: Notes) -> Notes:
+        raise RuntimeError("boom")
+
+    def inner_slow(state: Notes) -> Notes:
+        time.sleep(0.3)
+        return {"notes": ["slow"]}
+
+    builder = StateGraph(Notes)
+    builder.add_node("inner_boom", inner_boom)
+    builder.add_node("inner_slow", inner_slow)
+    builder.add_edge(START, "inner_boom")
+    builder.add_edge(START, "inner_slow")
+    builder.add_edge("inner_boom", END)
+    builder.add_edge("inner_slow", END)
+    return builder.compile()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])  # an async graph cancels the branch
+async def test_a_late_write_of_a_failed_subgraph_does_not_restart_the_run(
+    kind: str, saver: Any
+) -> None:
+    """outer is a subgraph whose inner_boom fails while inner_slow still runs: outer's
+    error fails the run; inner_slow's write (ns "outer:<outer's task id>") arrives
+    after. It belongs to the invocation that failed the run: no new attempt."""
+    builder = StateGraph(Notes)
+    builder.add_node("outer", failing_subgraph_with_a_slow_branch())
+    builder.add_edge(START, "outer")
+    builder.add_edge("outer", END)
+    graph = builder.compile(checkpointer=saver)
+    with pytest.raises(RuntimeError, match="boom"):
+        graph.invoke({"notes": []}, config("t1"), durability="sync")
+    time.sleep(0.6)  # inner_slow finishes after invoke raised
+    events = shown(saver.journal.events("t1"))
+    assert run_of_sync(saver) == ("failed", 1), events
+
+
+def pausing_subgraph(name: str, delay: float = 0.0) -> Any:
+    """START -> inner_<name> (pauses for an answer, then waits ``delay`` s) -> END."""
+
+    def inner(state: Joined) -> Joined:
+        answer = interrupt(name)
+        time.sleep(delay)
+        return {"log": [f"{name}={answer}"]}
+
+    builder = StateGraph(Joined)
+    builder.add_node(f"inner_{name}", inner)
+    builder.add_edge(START, f"inner_{name}")
+    builder.add_edge(f"inner_{name}", END)
+    return builder.compile()
+
+
+@parametrize_kinds
+async def test_a_partial_resume_of_parallel_subgraphs_reads_interrupted(
+    kind: str, saver: Any
+) -> None:
+    """As test_a_partial_resume_that_leaves_a_node_paused_reads_interrupted, the two
+    paused nodes being subgraphs: x alone is resumed by its interrupt's id; y, run again,
+    pauses again while x finishes. One new attempt, which pauses."""
+    graph = branches_graph(saver, x=pausing_subgraph("x", 0.2), y=pausing_subgraph("y"))
+    await assert_partly_resumed(saver, kind, graph)
+
+
+@parametrize_kinds
+async def test_a_resume_by_interrupt_id_starts_before_a_subgraph_with_its_own_checkpointer(
+    kind: str, saver: Any
+) -> None:
+    """As test_a_resume_by_interrupt_id_starts_before_the_subgraph_it_resumes, ``outer``
+    compiled with checkpointer=True: LangGraph stores its writes under "outer" (the
+    task id removed), so the namespace names no root task."""
+    inner = StateGraph(Notes)
+    inner.add_node("inner_ask", lambda state: {"notes": [interrupt("approve?")]})
+    inner.add_node("inner_after", lambda state: {"notes": ["after"]})
+    inner.add_edge(START, "inner_ask")
+    inner.add_edge("inner_ask", "inner_after")
+    inner.add_edge("inner_after", END)
+    builder = StateGraph(Notes)
+    builder.add_node("outer", inner.compile(checkpointer=True))
+    builder.add_edge(START, "outer")
+    builder.add_edge("outer", END)
+    graph = builder.compile(checkpointer=saver)
+    await assert_resumed_by_interrupt_id(saver, kind, graph)
+
+
+def run_with_late_writes(
+    saver: Any, graph: Any, command: Command[Any]
+) -> tuple[tuple[str, int], list[tuple[str, str, str | None]]]:
+    """Thread t1's run, as (status, attempt), and its events, after a first invoke and
+    then ``command`` with durability="async", whose writes of no task reach the saver
+    0.3 s late."""
+    graph.invoke({"notes": []}, config("t1"), durability="sync")
+    delay_writes_of_no_task(saver)
+    graph.invoke(command, config("t1"), durability="async")
+    time.sleep(0.5)  # the late writes are stored before invoke returns: a margin
+    return run_of_sync(saver), shown(saver.journal.events("t1"))
+
+
+def slow_subgraph() -> Any:
+    """START -> inner_slow (waits 0.6 s) -> END."""
+
+    def inner_slow(state: Notes) -> Notes:
+        time.sleep(0.6)
+        return {"notes": ["slow"]}
+
+    builder = StateGraph(Notes)
+    builder.add_node("inner_slow", inner_slow)
+    builder.add_edge(START, "inner_slow")
+    builder.add_edge("inner_slow", END)
+    return builder.compile()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_late_goto_does_not_let_a_sibling_subgraph_restart_the_run(
+    kind: str, saver: Any
+) -> None:
+    """Command(goto=["ask", "slow"]) to a finished thread, durability="async": ``ask``
+    pauses the run (attempt 2) at once; the Command's writes reach the saver late
+    (simulated: 0.3 s), then ``slow`` (a subgraph) stores its node's write. Both belong
+    to the invocation that paused the run: it stays interrupted in attempt 2 (not
+    running for good, in a third)."""
+    builder = StateGraph(Notes)
+    builder.add_node("done", lambda state: {"notes": ["done"]})
+    builder.add_node("ask", lambda state: {"notes": [interrupt("ask?")]})
+    builder.add_node("slow", slow_subgraph())
+    builder.add_edge(START, "done")
+    builder.add_edge("done", END)
+    builder.add_edge("ask", END)
+    builder.add_edge("slow", END)
+    graph = builder.compile(checkpointer=saver)
+    run, events = run_with_late_writes(saver, graph, Command(goto=["ask", "slow"]))
+    assert run == ("interrupted", 2), events
+
+
+@parametrize_kinds
+async def test_a_resume_after_update_state_answered_a_paused_entrypoint_starts_nothing(
+    kind: str, saver: Any
+) -> None:
+    """Functional API, as test_a_resume_sent_after_update_state_finished_the_paused_node_
+    starts_nothing: update_state answers for the paused entrypoint; a late resume runs
+    nothing and leaves the run as it was."""
+    if is_async(kind):
+
+        @entrypoint(checkpointer=saver)
+        async def workflow(x: int) -> int:
+            return x + len(interrupt("approve?"))
+
+    else:
+
+        @entrypoint(checkpointer=saver)
+        def workflow(x: int) -> int:
+            return x + len(interrupt("approve?"))
+
+    await call(workflow, "invoke", kind, 1, config("t1"), durability="sync")
+    await call(workflow, "update_state", kind, config("t1"), 5)
+    state = await call(workflow, "get_state", kind, config("t1"))
+    await call(workflow, "invoke", kind, Command(resume="late"), config("t1"), durability="sync")
+    after = await call(workflow, "get_state", kind, config("t1"))
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert (state.next, after.next, after.values) == ((), (), 5)
+    assert await run_of(saver, kind) == ("interrupted", 1), events
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.mark.parametrize("name", ["sub_task", "sub|task"])
+async def test_retrying_a_task_that_runs_a_subgraph_starts_before_its_nodes(
+    kind: str, saver: Any, name: str
+) -> None:
+    """Functional API: a @task runs a subgraph whose second node fails (the run fails);
+    invoke(None) runs the task again: the new attempt starts before the subgraph's
+    events. (The task's name may have '|': LangGraph checks only graph node names.)"""
+    fail = [True]
+
+    def inner_boom(state: Notes) -> Notes:
+        if fail[0]:
+            raise RuntimeError("boom")
+        return {"notes": ["ok"]}
+
+    inner = StateGraph(Notes)
+    inner.add_node("inner_first", lambda state: {"notes": ["first"]})
+    inner.add_node("inner_boom", inner_boom)
+    inner.add_edge(START, "inner_first")
+    inner.add_edge("inner_first", "inner_boom")
+    inner.add_edge("inner_boom", END)
+    sub = inner.compile()
+
+    @task(name=name)
+    def run_sub(x: int) -> int:
+        return len(sub.invoke({"notes": []})["notes"])
+
+    @entrypoint(checkpointer=saver)
+    def workflow(x: int) -> int:
+        return run_sub(x).result()
+
+    with pytest.raises(RuntimeError, match="boom"):
+        workflow.invoke(1, config("t1"), durability="sync")
+    fail[0] = False
+    assert workflow.invoke(None, config("t1"), durability="sync") == 2
+    everything = shown(saver.journal.events("t1"))
+    assert run_of_sync(saver) == ("succeeded", 2), everything
+    steps = everything[everything.index(("run", "error", "failed")) + 1 :]
+    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_boom")), (
+        everything
+    )
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_late_resume_of_a_subgraph_that_pauses_again_is_no_restart(
+    kind: str, saver: Any
+) -> None:
+    """``outer`` (a subgraph) pauses twice. Command(resume="yes") with
+    durability="async", its write reaching the saver late (simulated: 0.3 s): the
+    subgraph's first write starts attempt 2, outer pauses again, then the late resume
+    arrives. It belongs to that attempt: the run stays interrupted in attempt 2."""
+    inner = StateGraph(Notes)
+    inner.add_node("inner_one", lambda state: {"notes": [interrupt("one?")]})
+    inner.add_node("inner_two", lambda state: {"notes": [interrupt("two?")]})
+    inner.add_edge(START, "inner_one")
+    inner.add_edge("inner_one", "inner_two")
+    inner.add_edge("inner_two", END)
+    builder = StateGraph(Notes)
+    builder.add_node("outer", inner.compile())
+    builder.add_edge(START, "outer")
+    builder.add_edge("outer", END)
+    graph = builder.compile(checkpointer=saver)
+    run, events = run_with_late_writes(saver, graph, Command(resume="yes"))
+    assert ("task", "interrupt", "inner_two") in events, events
+    assert run == ("interrupted", 2), events
+
+
+@parametrize_kinds
+async def test_a_plain_resume_after_a_resume_by_interrupt_id_still_carries_the_run_on(
+    kind: str, saver: Any
+) -> None:
+    """``ask`` pauses twice. The first answer goes by its interrupt's id (no write of no
+    task: the node's own write starts attempt 2, which pauses again at the same
+    checkpoint); the second is a plain Command(resume=...). Its write is taken as one
+    that came late for attempt 2 (a resume's writes may reach the saver after the tasks
+    they ran), so the run reads interrupted until the node's write starts attempt 3
+    (docs/journal.md); the run then ends as it should, its start before the node's end."""
+
+    def ask(state: Notes) -> Notes:
+        return {"notes": [interrupt("one?"), interrupt("two?")]}
+
+    builder = StateGraph(Notes)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+    out = await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    (first,) = out["__interrupt__"]
+    out = await call(graph, "invoke", kind, Command(resume={first.id: "A"}), config("t1"), **SYNC)
+    assert [i.value for i in out["__interrupt__"]] == ["two?"]
+    assert await run_of(saver, kind) == ("interrupted", 2)
+    out = await call(graph, "invoke", kind, Command(resume="B"), config("t1"), **SYNC)
+    assert out["notes"] == ["A", "B"]
+    assert await run_of(saver, kind) == ("succeeded", 3)
+    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
+    assert steps.index(("run", "start", None)) < steps.index(("node", "end", "ask")), steps
 
 
 # --------------------------------------------------------------------------- events

@@ -234,6 +234,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self._commanded: dict[str, str] = {}
         self._null_writes: dict[str, tuple[str, int]] = {}
         self._edited_at: dict[str, tuple[str, bool]] = {}
+        self._task_started: dict[str, str] = {}
         # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
         self._push_nodes: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         # Names this process in the runs it drives (agentcheck_runs.owner).

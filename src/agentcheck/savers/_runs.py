@@ -63,8 +63,18 @@ def _triggers_a_node(values: Mapping[str, Any]) -> bool:
 
 def root_task(ns: str) -> str:
     """The id of the root graph's task a subgraph's checkpoint namespace runs under
-    (``<node>:<task id>|...``; "" at the root)."""
-    return ns.split("|", 1)[0].rpartition(":")[2]
+    (``<node>:<task id>|...``; "" at the root). A subgraph compiled with
+    ``checkpointer=True`` stores its writes under ``<node>|...``, without task ids: its
+    root task is then known by its node only, as :func:`node_token` of it."""
+    root = ns.split("|", 1)[0]
+    _, colon, task_id = root.rpartition(":")
+    return task_id if colon or not root else node_token(root)
+
+
+def node_token(node: str) -> str:
+    """What stands for a root task known only by its node's name, among task ids (which
+    are UUIDs: none starts so)."""
+    return "node=" + node
 
 
 def _called(task_path: str) -> bool:
@@ -125,6 +135,11 @@ class RunJournal:
     # Per thread: the latest checkpoint update_state wrote (or a copy), and whether a
     # node is still to run from it.
     _edited_at: dict[str, tuple[str, bool]]
+    # Per thread: the checkpoint at which a task's write (re)started the stopped run
+    # before any writes of no task were seen there. A Command's or a resume's own writes
+    # may reach the saver after the tasks they ran (they are stored in the background):
+    # they then belong to that attempt, even if it has paused again since.
+    _task_started: dict[str, str]
     # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
     _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
 
@@ -176,6 +191,8 @@ class RunJournal:
         status, at = self._run_status.get(thread_id, (None, None))
         if status != "running" and at is not None and checkpoint_id <= at:
             return None  # a late write of the checkpoint the run paused or ended at
+        if meta.get("source") == "input":
+            yield OnCommit(self._forget_task_start(thread_id))
         # New input starts an attempt in the input checkpoint's own statement. (So does
         # update_state(as_node="__input__"), which writes one too and runs nothing.)
         status = yield from self._start_if_due(
@@ -289,6 +306,7 @@ class RunJournal:
             # A subgraph of a root task that paused or failed the run, running again (a
             # resume by interrupt id, invoke(None)): LangGraph stores nothing before it.
             status = yield from self._start_if_due(thread_id, at)
+            yield OnCommit(partial(self._task_started.__setitem__, thread_id, at))
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
         # Writes of no task: a Command's resume value for the whole run, goto or update,
@@ -298,7 +316,13 @@ class RunJournal:
         # run only if it is paused here (see _resumes).
         null = task_id == NULL_TASK_ID
         command = null and not channels <= {RESUME}
-        if not stale and null and RESUME in channels and status != "running":
+        late = False
+        if not stale and null and status != "running":
+            # The Command's or resume's tasks may have started the run already (above).
+            late = self._task_started.get(thread_id) == checkpoint_id
+            if late:
+                yield OnCommit(self._forget_task_start(thread_id))
+        if not stale and null and RESUME in channels and status != "running" and not late:
             resumes = self._resumes(thread_id, checkpoint_id)
             if resumes is None:  # this process cannot tell: the database has it paused?
                 if (yield from self.journal_ops.resume_paused_run(thread_id)):
@@ -306,15 +330,16 @@ class RunJournal:
                     status = "running"
             elif resumes:
                 status = yield from self._start_if_due(thread_id, checkpoint_id)
-        if not stale and (
-            (status is None and not null)  # the first write this process sees for it
-            or (not null and self._goes_on(thread_id, checkpoint_id, task_id))
-        ):
+        if not stale and status is None and not null:  # the first write seen for it
             status = yield from self._start_if_due(thread_id, checkpoint_id)
+        elif not stale and not null and self._goes_on(thread_id, checkpoint_id, task_id):
+            status = yield from self._start_if_due(thread_id, checkpoint_id)
+            if self._commanded.get(thread_id) != checkpoint_id:
+                yield OnCommit(partial(self._task_started.__setitem__, thread_id, checkpoint_id))
         if channels <= {RESUME}:
             return None
         if command:
-            if not stale and status != "running":
+            if not stale and status != "running" and not late:
                 yield OnCommit(self._remember_command(thread_id, checkpoint_id))
             # LangGraph stores a checkpoint's earlier writes of no task again with each
             # new Command there: only more of them are a new update.
@@ -351,17 +376,20 @@ class RunJournal:
         )
         if stale:
             return None
+        # What stands for this task in _stopped_by: its id, and at the root its node too,
+        # for a subgraph of it compiled with checkpointer=True (see root_task).
+        mine = {task_id, node_token(name)} if name and not ns else {task_id}
         if status == "running" and was != "running":
             stopped = frozenset()  # started again just now: what stopped it is past
         if new_status is None:
             if phase == "error":  # a called task failed: its caller may catch it; if
                 # not, running it again (invoke(None)) goes on with the run
-                yield OnCommit(self._remember_stopped(thread_id, stopped | {task_id}))
+                yield OnCommit(self._remember_stopped(thread_id, stopped | mine))
             return None
         if status == new_status and at == checkpoint_id:
             # Another task of the same step paused too (parallel interrupts): one
             # transition for the step, but each of its tasks resumes it.
-            yield OnCommit(self._remember_stopped(thread_id, stopped | {task_id}))
+            yield OnCommit(self._remember_stopped(thread_id, stopped | mine))
             return None
         if status != "running" and not (
             at == checkpoint_id and status in ("interrupted", "failed")
@@ -376,7 +404,7 @@ class RunJournal:
             framework="langgraph",
         )
         yield from self._set_status(thread_id, new_status, checkpoint_id)
-        yield OnCommit(self._remember_stopped(thread_id, stopped | {task_id}))
+        yield OnCommit(self._remember_stopped(thread_id, stopped | mine))
         return None
 
     def _resumes(self, thread_id: str, checkpoint_id: str) -> bool | None:
@@ -410,6 +438,12 @@ class RunJournal:
             self._commanded.pop(run_id, None)
 
         return remember
+
+    def _forget_task_start(self, run_id: str) -> Callable[[], None]:
+        def forget() -> None:
+            self._task_started.pop(run_id, None)
+
+        return forget
 
     def _remember_command(self, run_id: str, checkpoint_id: str) -> Callable[[], None]:
         def remember() -> None:
