@@ -16,10 +16,14 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import random
+import re
 import sqlite3
+import statistics
 import struct
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -163,6 +167,118 @@ def wal_pages(path: Path, work: Callable[[], int]) -> tuple[float, collections.C
     return len(pages) / count, collections.Counter(owner.get(p, "?") for p in pages)
 
 
+class TimedConnection:
+    """A sqlite3 connection whose statements are timed: the nanoseconds of each, added
+    to ``spent`` under the statement's kind (see :func:`statement_kind`). Either saver
+    uses it as its own (agentcheck calls ``execute``, the official saver ``cursor()``
+    and ``commit()``)."""
+
+    def __init__(self, conn: sqlite3.Connection, spent: collections.Counter[str]) -> None:
+        self._conn = conn
+        self._spent = spent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def _timed(self, kind: str, fn: Callable[..., Any], *args: Any) -> Any:
+        start = time.perf_counter_ns()
+        try:
+            return fn(*args)
+        finally:
+            self._spent[kind] += time.perf_counter_ns() - start
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        return self._timed(statement_kind(sql), self._conn.execute, sql, *args)
+
+    def executemany(self, sql: str, *args: Any) -> Any:
+        return self._timed(statement_kind(sql), self._conn.executemany, sql, *args)
+
+    def commit(self) -> None:
+        self._timed("COMMIT", self._conn.commit)
+
+    def cursor(self) -> Any:
+        return TimedCursor(self._conn.cursor(), self)
+
+
+class TimedCursor:
+    """A cursor of a :class:`TimedConnection`, its statements timed the same way."""
+
+    def __init__(self, cur: sqlite3.Cursor, conn: TimedConnection) -> None:
+        self._cur = cur
+        self._conn = conn
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+    def __iter__(self) -> Any:
+        return iter(self._cur)
+
+    def execute(self, sql: str, *args: Any) -> TimedCursor:
+        self._conn._timed(statement_kind(sql), self._cur.execute, sql, *args)
+        return self
+
+    def executemany(self, sql: str, *args: Any) -> TimedCursor:
+        self._conn._timed(statement_kind(sql), self._cur.executemany, sql, *args)
+        return self
+
+
+def statement_kind(sql: str) -> str:
+    """``COMMIT``, ``BEGIN``, or the statement's verb and first table (``INSERT writes``)."""
+    words = sql.split(None, 1)
+    verb = words[0].upper() if words else "?"
+    if verb in ("COMMIT", "BEGIN", "ROLLBACK", "SAVEPOINT", "RELEASE"):
+        return "BEGIN" if verb == "BEGIN" else verb
+    table = re.search(r"\b(?:INTO|FROM|UPDATE)\s+(\w+)", sql, re.IGNORECASE)
+    verb = "INSERT" if verb == "WITH" and "INSERT" in sql.upper() else verb
+    return f"{verb} {table.group(1) if table else '?'}"
+
+
+def sql_split(databases: Databases, invokes: int = 400) -> None:
+    """The 10-node graph's puts and put_writes replayed on both SQLite savers, the two
+    alternating: per invoke, the time in SQLite's statements by kind (COMMIT apart),
+    and the rest (Python: the saver's own work, and LangGraph's serializer)."""
+    print("\n=== SQLite: the 10-node graph's 23 calls replayed, ms per invoke, by part ===")
+    spent = {impl: collections.Counter[str]() for impl in IMPLS}
+    totals: dict[str, list[int]] = {impl: [] for impl in IMPLS}
+    with ExitStack() as stack:
+        savers, calls = {}, {}
+        for impl in IMPLS:
+            store = stack.enter_context(databases.open(impl, "sqlite", "split"))
+            calls[impl] = record_graph_calls(store.saver)
+            store.saver.conn = TimedConnection(store.saver.conn, spent[impl])
+            savers[impl] = store.saver
+        warm = invokes // 8
+        for i in range(invokes + warm):
+            if i == warm:
+                for counter in spent.values():
+                    counter.clear()
+            for impl in random.sample(IMPLS, len(IMPLS)):
+                replay = []
+                for method, args in calls[impl]:
+                    config = copy.deepcopy(args[0])
+                    config["configurable"]["thread_id"] = f"split-{i}"
+                    replay.append(
+                        (getattr(savers[impl], method), (config, *copy.deepcopy(args[1:])))
+                    )
+                start = time.perf_counter_ns()
+                for fn, fn_args in replay:
+                    fn(*fn_args)
+                if i >= warm:
+                    totals[impl].append(time.perf_counter_ns() - start)
+    kinds = sorted({k for c in spent.values() for k in c}, key=lambda k: -spent["agentcheck"][k])
+    print(f"{'part':34s} " + " ".join(f"{impl:>11s}" for impl in IMPLS))
+    rows = [("total (mean)", {impl: statistics.mean(totals[impl]) for impl in IMPLS})]
+    rows.append(
+        ("SQLite statements, all", {impl: sum(spent[impl].values()) / invokes for impl in IMPLS})
+    )
+    rows += [(f"  {kind}", {impl: spent[impl][kind] / invokes for impl in IMPLS}) for kind in kinds]
+    rows.append(("the rest (Python)", {
+        impl: statistics.mean(totals[impl]) - sum(spent[impl].values()) / invokes for impl in IMPLS
+    }))  # fmt: skip
+    for label, by_impl in rows:
+        print(f"{label:34s} " + " ".join(f"{by_impl[impl] / 1e6:11.3f}" for impl in IMPLS))
+
+
 def page_counts(databases: Databases) -> None:
     print("\n=== SQLite pages written per transaction (WAL frames of 4 KiB) ===")
     for impl in IMPLS:
@@ -212,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"profiling on {db}")
             profile_db(db, databases, args.ops, args.html)
         if "sqlite" in args.dbs:
+            if "e2e" in args.ops:
+                log("timing the graph's SQLite statements")
+                sql_split(databases)
             log("counting SQLite pages")
             page_counts(databases)
     return 0
