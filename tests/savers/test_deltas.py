@@ -169,6 +169,26 @@ def test_an_item_changed_in_place_or_equal_but_not_the_same_is_no_delta(
     assert delta is None  # stored whole: no stored version holds these items
 
 
+def test_the_chains_remembered_are_found_per_thread_until_forgotten() -> None:
+    """bases() finds the chains learned for a thread's versions, of that thread and
+    namespace only; the oldest are forgotten beyond the bound, and all of a thread's
+    when it is cleared (a thread with none left is skipped without a look-up)."""
+    deltas = ListDeltas(size=1)  # at most 16 chains
+    deltas.learn("a", "", {"items": ["a0", "a1"]}, {"items": "a2"})
+    deltas.learn("a", "sub", {"items": ["s0"]}, {"items": "s1"})
+    for i in range(15):
+        deltas.learn("b", "", {"items": [f"b{i}"]}, {"items": f"b{i + 1}"})
+    assert deltas.bases("a", "", {"items": "a2", "other": "x"}) == {}  # the oldest: gone
+    assert deltas.bases("a", "sub", {"items": "s1"}) == {"items": ["s0"]}
+    assert deltas.bases("b", "", {"items": "b15"}) == {"items": ["b14"]}
+    assert deltas.bases("b", "sub", {"items": "b15"}) == {}
+    deltas.clear_thread("b")
+    assert deltas.bases("b", "", {"items": "b15"}) == {}
+    deltas.learn("b", "", {"items": ["b0"]}, {"items": "b1"})
+    assert deltas.bases("b", "", {"items": "b1"}) == {"items": ["b0"]}
+    assert deltas.bases("a", "sub", {"items": "s1"}) == {"items": ["s0"]}
+
+
 def delta_runs(deltas: ListDeltas, lists: list[list[Any]]) -> list[tuple[int, int]]:
     """Plans each list as the next version of one channel; for each run of deltas
     between two snapshots: (its length, the length of the list the run ended before)."""

@@ -144,21 +144,27 @@ class _Fetched:
 
 def _blob_keys(
     versions: Mapping[str, Any], inline: Mapping[str, Any], bases: Mapping[str, list[str]]
-) -> dict[str, list[str]] | None:
+) -> dict[str, list[str]]:
     """The stored values a read of the checkpoint looks up (those of its channels not
     kept in its row, and the versions their deltas are built from), for its
-    ``blob_keys`` column; None if a name could not be stored as text."""
+    ``blob_keys`` column."""
     keys: dict[str, list[str]] = {ch: [str(v)] for ch, v in versions.items() if ch not in inline}
     for ch, chain in bases.items():
         keys.setdefault(ch, []).extend(chain)
-    try:
-        for ch, names in keys.items():
-            for name in (ch, *names):
-                if not name.isascii():  # ASCII (most names, our versions) always encodes
-                    name.encode()
-    except UnicodeEncodeError:  # a lone surrogate: the row is read the older way
-        return None
     return keys
+
+
+def _storable(text: Any) -> Any:
+    """An encoded ``blob_keys`` value, or None if a name in it cannot be stored as text
+    (a lone surrogate): the row is then read the older way. ASCII (most names, and our
+    versions) always encodes."""
+    if text is None or text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return None
+    return text
 
 
 @dataclass
@@ -452,8 +458,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         bases.update(planned)
         if bases:
             rest[BASES_KEY] = bases
-        keys = _blob_keys(versions, inline, bases)
-        blob_keys = None if keys is None else self.sql.encode_blob_keys(keys)
+        blob_keys = _storable(self.sql.encode_blob_keys(_blob_keys(versions, inline, bases)))
         # A large checkpoint row (a graph of many channels) is compressed; a small one is
         # not worth the time at every put and read (docs/savers.md, "Storage"). Not when
         # encrypting: the row may mix short values from different sources, and compressed
@@ -480,7 +485,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         run_id = meta.get("run_id")
         run_term = self._term(str(run_id)) if run_id is not None else None
         key = (thread_id, ns, checkpoint_id)
-        terms = sorted({self._term(t) for t in metadata_terms(meta)})
+        if self.codec.encrypted:
+            terms = sorted({self._term(t) for t in metadata_terms(meta)})
+        else:  # most terms are their own stored form (see _term)
+            terms = sorted(
+                {t if len(t) <= _MAX_TERM else self._term(t) for t in metadata_terms(meta)}
+            )
 
         if planned:
             yield from self._check_bases(thread_id, ns, planned)

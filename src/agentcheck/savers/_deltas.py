@@ -38,7 +38,7 @@ import dataclasses
 import operator
 import sys
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -190,6 +190,9 @@ class ListDeltas:
         self.size = size
         self._latest: OrderedDict[tuple[str, str, str], _Latest] = OrderedDict()
         self._chains: OrderedDict[tuple[str, str, str, str], tuple[str, ...]] = OrderedDict()
+        # How many of those each (thread, namespace) has: most puts are of a graph with
+        # no list stored as deltas, whose channels need no look-up (see bases).
+        self._chained: Counter[tuple[str, str]] = Counter()
         # Counts the threads cleared: a put planned before a concurrent delete or prune
         # (and committed after it) must not leave a base behind whose rows may be gone.
         # One counter for all threads (bounded memory): a clear only costs the puts in
@@ -251,6 +254,8 @@ class ListDeltas:
                 del self._latest[key]
             for ckey in [k for k in self._chains if k[0] == thread_id]:
                 del self._chains[ckey]
+            for tkey in [k for k in self._chained if k[0] == thread_id]:
+                del self._chained[tkey]
 
     def learn(
         self,
@@ -279,15 +284,22 @@ class ListDeltas:
     def _keep_chain(self, key: tuple[str, str, str, str], chain: tuple[str, ...]) -> None:
         """Remember a version's chain, forgetting the oldest beyond the bound (under the
         lock)."""
+        if key not in self._chains:
+            self._chained[key[:2]] += 1
         self._chains[key] = chain
         while len(self._chains) > self.size * 16:
-            self._chains.popitem(last=False)
+            old = self._chains.popitem(last=False)[0][:2]
+            self._chained[old] -= 1
+            if not self._chained[old]:
+                del self._chained[old]
 
     def bases(self, thread_id: str, ns: str, versions: dict[str, Any]) -> dict[str, list[str]]:
         """For a checkpoint's channel versions: the rows each delta-stored version is built
         from, where known (so that one query can fetch them all)."""
         with self._lock:
-            found = {}
+            found: dict[str, list[str]] = {}
+            if (thread_id, ns) not in self._chained:
+                return found
             for channel, version in versions.items():
                 chain = self._chains.get((thread_id, ns, channel, str(version)))
                 if chain:
