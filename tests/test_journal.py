@@ -1291,6 +1291,21 @@ def run_with_late_writes(
     return run_of_sync(saver), shown(saver.journal.events("t1"))
 
 
+def asking_twice_in_a_subgraph(saver: Any, inner_two: Any) -> Any:
+    """START -> outer -> END, outer a subgraph: inner_one (pauses) -> ``inner_two``."""
+    inner = StateGraph(Notes)
+    inner.add_node("inner_one", lambda state: {"notes": [interrupt("one?")]})
+    inner.add_node("inner_two", inner_two)
+    inner.add_edge(START, "inner_one")
+    inner.add_edge("inner_one", "inner_two")
+    inner.add_edge("inner_two", END)
+    builder = StateGraph(Notes)
+    builder.add_node("outer", inner.compile())
+    builder.add_edge(START, "outer")
+    builder.add_edge("outer", END)
+    return builder.compile(checkpointer=saver)
+
+
 def slow_subgraph() -> Any:
     """START -> inner_slow (waits 0.6 s) -> END."""
 
@@ -1407,35 +1422,36 @@ async def test_a_late_resume_of_a_subgraph_that_pauses_again_is_no_restart(
     durability="async", its write reaching the saver late (simulated: 0.3 s): the
     subgraph's first write starts attempt 2, outer pauses again, then the late resume
     arrives. It belongs to that attempt: the run stays interrupted in attempt 2."""
-    inner = StateGraph(Notes)
-    inner.add_node("inner_one", lambda state: {"notes": [interrupt("one?")]})
-    inner.add_node("inner_two", lambda state: {"notes": [interrupt("two?")]})
-    inner.add_edge(START, "inner_one")
-    inner.add_edge("inner_one", "inner_two")
-    inner.add_edge("inner_two", END)
-    builder = StateGraph(Notes)
-    builder.add_node("outer", inner.compile())
-    builder.add_edge(START, "outer")
-    builder.add_edge("outer", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = asking_twice_in_a_subgraph(saver, lambda state: {"notes": [interrupt("two?")]})
     run, events = run_with_late_writes(saver, graph, Command(resume="yes"))
     assert ("task", "interrupt", "inner_two") in events, events
     assert run == ("interrupted", 2), events
 
 
 @parametrize_kinds
-async def test_a_plain_resume_after_a_resume_by_interrupt_id_still_carries_the_run_on(
+async def test_a_plain_resume_after_a_resume_by_interrupt_id_reads_running(
     kind: str, saver: Any
 ) -> None:
     """``ask`` pauses twice. The first answer goes by its interrupt's id (no write of no
     task: the node's own write starts attempt 2, which pauses again at the same
-    checkpoint); the second is a plain Command(resume=...). Its write is taken as one
-    that came late for attempt 2 (a resume's writes may reach the saver after the tasks
-    they ran), so the run reads interrupted until the node's write starts attempt 3
-    (docs/journal.md); the run then ends as it should, its start before the node's end."""
+    checkpoint); the second is a plain Command(resume=...), a new invocation: its write
+    is no late write of attempt 2, and the run reads running in attempt 3 while the
+    node runs on."""
+    seen: list[tuple[str, int]] = []
+    journal = saver.journal
+    if is_async(kind):
 
-    def ask(state: Notes) -> Notes:
-        return {"notes": [interrupt("one?"), interrupt("two?")]}
+        async def ask(state: Notes) -> Notes:
+            answers = [interrupt("one?"), interrupt("two?")]
+            seen.append(await arun_once_running(journal))
+            return {"notes": answers}
+
+    else:
+
+        def ask(state: Notes) -> Notes:
+            answers = [interrupt("one?"), interrupt("two?")]
+            seen.append(run_once_running(journal))
+            return {"notes": answers}
 
     builder = StateGraph(Notes)
     builder.add_node("ask", ask)
@@ -1449,9 +1465,186 @@ async def test_a_plain_resume_after_a_resume_by_interrupt_id_still_carries_the_r
     assert await run_of(saver, kind) == ("interrupted", 2)
     out = await call(graph, "invoke", kind, Command(resume="B"), config("t1"), **SYNC)
     assert out["notes"] == ["A", "B"]
-    assert await run_of(saver, kind) == ("succeeded", 3)
-    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
-    assert steps.index(("run", "start", None)) < steps.index(("node", "end", "ask")), steps
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert seen == [("running", 3)], events
+    assert await run_of(saver, kind) == ("succeeded", 3), events
+
+
+def answered_then_asking_graph(saver: Any, kind: str, seen: list[tuple[str, int]]) -> Any:
+    """START -> first (pauses) -> second (pauses, then records the run as it runs on)."""
+    builder = StateGraph(Log)
+    builder.add_node("first", ask_approval)
+    builder.add_node("second", watching_node(saver.journal, kind, seen))
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "second")
+    builder.add_edge("second", END)
+    return builder.compile(checkpointer=saver)
+
+
+@parametrize_kinds
+async def test_a_plain_resume_after_update_state_and_invoke_none_reads_running(
+    kind: str, saver: Any
+) -> None:
+    """``first`` pauses; update_state answers for it (as_node="first"), invoke(None) runs
+    ``second`` from the edit's checkpoint (its write starts attempt 2) and it pauses
+    there. A plain Command(resume=...) then resumes it: while it runs, the run must read
+    running in attempt 3 (the resume's write is no late write of attempt 2)."""
+    seen: list[tuple[str, int]] = []
+    graph = answered_then_asking_graph(saver, kind, seen)
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    await call(graph, "update_state", kind, config("t1"), {"log": ["by hand"]}, as_node="first")
+    await call(graph, "invoke", kind, None, config("t1"), **SYNC)
+    assert await run_of(saver, kind) == ("interrupted", 2)
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **SYNC)
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert seen == [("running", 3)], events
+    assert await run_of(saver, kind) == ("succeeded", 3), events
+
+
+@parametrize_kinds
+async def test_a_plain_resume_after_running_again_from_an_earlier_checkpoint_reads_running(
+    kind: str, saver: Any
+) -> None:
+    """Time travel: a finished thread is run again from the checkpoint before its paused
+    node (a fork; the node's write starts attempt 3 and it pauses there). A plain
+    Command(resume=...) then resumes it: while it runs, the run reads running (attempt 4)."""
+    seen: list[tuple[str, int]] = []
+    graph = one_node_graph(saver, watching_node(saver.journal, kind, seen))
+    await call(graph, "invoke", kind, {"log": []}, config("t1"), **SYNC)
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **SYNC)
+    assert (seen, await run_of(saver, kind)) == ([("running", 2)], ("succeeded", 2))
+    history = await collect_history(graph, kind, config("t1"))
+    paused = next(h for h in history if h.next == ("ask",))
+    await call(graph, "invoke", kind, None, paused.config, **SYNC)
+    assert await run_of(saver, kind) == ("interrupted", 3)
+    await call(graph, "invoke", kind, Command(resume="again"), config("t1"), **SYNC)
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert seen == [("running", 2), ("running", 4)], events
+    assert await run_of(saver, kind) == ("succeeded", 4), events
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_resume_whose_late_write_came_while_running_is_not_taken_again(
+    kind: str, saver: Any
+) -> None:
+    """``outer`` (a subgraph) pauses twice. The first Command(resume="A") has its write
+    of no task reach the saver late (simulated: 0.3 s), but while the attempt it belongs
+    to still runs (inner_two waits 0.6 s before it pauses). The second, plain
+    Command(resume="B"), sent with nothing delayed, is a new resume: while inner_two runs
+    on, the run reads running in attempt 3."""
+    seen: list[tuple[str, int]] = []
+    journal = saver.journal
+
+    def inner_two(state: Notes) -> Notes:
+        time.sleep(0.6)
+        answer = interrupt("two?")
+        seen.append(run_once_running(journal))
+        return {"notes": [answer]}
+
+    graph = asking_twice_in_a_subgraph(saver, inner_two)
+    graph.invoke({"notes": []}, config("t1"), durability="sync")
+    delay_writes_of_no_task(saver)
+    graph.invoke(Command(resume="A"), config("t1"), durability="async")
+    time.sleep(0.5)
+    del saver.put_writes  # nothing delayed from now on
+    events = shown(saver.journal.events("t1"))
+    assert run_of_sync(saver) == ("interrupted", 2), events
+    graph.invoke(Command(resume="B"), config("t1"), durability="sync")
+    events = shown(saver.journal.events("t1"))
+    assert seen == [("running", 3)], events
+    assert run_of_sync(saver) == ("succeeded", 3), events
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_late_resume_after_a_wrapped_call_started_the_attempt_is_no_restart(
+    kind: str, saver: Any
+) -> None:
+    """As test_a_late_resume_of_a_subgraph_that_pauses_again_is_no_restart, the resumed
+    node a root node whose wrapped call (not a task's write) starts attempt 2 before it
+    pauses again: the late resume belongs to attempt 2 (the run must not read running
+    for good, in a third)."""
+
+    @agentcheck.idempotent
+    def lookup(x: int) -> int:
+        return x * 2
+
+    def ask(state: Notes) -> Notes:
+        first = interrupt("one?")
+        lookup(1)
+        return {"notes": [first, interrupt("two?")]}
+
+    builder = StateGraph(Notes)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+    run, events = run_with_late_writes(saver, graph, Command(resume="A"))
+    assert ("node", "interrupt", "ask") in events[3:], events
+    assert run == ("interrupted", 2), events
+
+
+async def failed_twice(saver: Any, kind: str, side: Any) -> Any:
+    """START -> prepare -> explode -> END, and ``side`` -> END (reached by a goto only):
+    explode fails, and again on invoke(None) (attempt 2, at the same checkpoint); the
+    graph, once explode is fixed (it then ends after 0.3 s, side going first)."""
+    fail = [True]
+
+    def explode(state: Notes) -> Notes:
+        if fail[0]:
+            raise RuntimeError("the warehouse API said no")
+        time.sleep(0.3)
+        return {"notes": ["explode"]}
+
+    builder = StateGraph(Notes)
+    builder.add_node("prepare", lambda state: {"notes": ["prepare"]})
+    builder.add_node("explode", explode)
+    builder.add_node("side", side)
+    builder.add_edge(START, "prepare")
+    builder.add_edge("prepare", "explode")
+    builder.add_edge("explode", END)
+    builder.add_edge("side", END)
+    graph = builder.compile(checkpointer=saver)
+    for first in (True, False):
+        with pytest.raises(RuntimeError, match="warehouse"):
+            await call(graph, "invoke", kind, {"notes": []} if first else None, config("t1"),
+                       **SYNC)  # fmt: skip
+    assert await run_of(saver, kind) == ("failed", 2)
+    fail[0] = False
+    return graph
+
+
+@parametrize_kinds
+async def test_a_goto_after_a_failed_retry_starts_before_the_call_of_the_node_it_runs(
+    kind: str, saver: Any
+) -> None:
+    """explode fails, and fails again on invoke(None) (its write starts attempt 2 at the
+    same checkpoint). Once fixed, Command(goto="side") is sent: side's @side_effect call
+    belongs to attempt 3, so its events follow the attempt's start (as they do without
+    the failed retry)."""
+    side = graph_with_a_charging_side_node(saver, kind).nodes["side"].bound
+    graph = await failed_twice(saver, kind, side)
+    done = await call(graph, "invoke", kind, Command(goto="side"), config("t1"), **SYNC)
+    assert sorted(done["notes"]) == ["charged 1", "explode", "prepare"]
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert await run_of(saver, kind) == ("succeeded", 3), events
+    steps = events[len(events) - 1 - events[::-1].index(("run", "error", "failed")) :]
+    assert steps.index(("run", "start", None)) < steps.index(("tool", "start", "charge")), steps
+
+
+@parametrize_kinds
+async def test_a_goto_to_a_pausing_node_after_a_failed_retry_reads_interrupted(
+    kind: str, saver: Any
+) -> None:
+    """explode fails, and fails again on invoke(None) (attempt 2, at the same
+    checkpoint). Once fixed, Command(goto="side") is sent: side pauses at once while
+    explode, run again, ends 0.3 s later. The Command's invocation is attempt 3, which
+    pauses: the run must read interrupted (not running for good)."""
+    graph = await failed_twice(saver, kind, lambda state: {"notes": [interrupt("side?")]})
+    out = await call(graph, "invoke", kind, Command(goto="side"), config("t1"), **SYNC)
+    state = await call(graph, "get_state", kind, config("t1"))
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert [i.value for i in out["__interrupt__"]] == ["side?"], (out, state)
+    assert await run_of(saver, kind) == ("interrupted", 3), events
 
 
 # --------------------------------------------------------------------------- events

@@ -242,7 +242,20 @@ class RunJournal:
             return None
         yield from self.journal_ops.start_run(run_id, framework=framework, thread_id=run_id)
         yield from self._set_status(run_id, "running", at)
+        if position is not None and self._commanded.get(run_id) != position[0]:
+            # As a task's write would (_journal_task): the resume's own writes may follow.
+            yield OnCommit(partial(self._task_started.__setitem__, run_id, position[0]))
         return None
+
+    def _loaded(self, config: Mapping[str, Any]) -> None:
+        """A root checkpoint of a thread is read: LangGraph does so as an invocation
+        begins, and the one before stored all its writes before it returned, so what
+        ``_task_started`` remembers of it is past (a late write of it can no longer
+        come). (Read by another caller while a run goes on, it is forgotten early: a
+        late write is then taken as new, as it was before that memory.)"""
+        conf = config.get("configurable") or {}
+        if not conf.get("checkpoint_ns") and "thread_id" in conf:
+            self._task_started.pop(str(conf["thread_id"]), None)
 
     def _goes_on(self, run_id: str, checkpoint_id: str, task_id: str) -> bool:
         """Whether a task of a stopped run carries it on: it runs from a later checkpoint
@@ -316,12 +329,11 @@ class RunJournal:
         # run only if it is paused here (see _resumes).
         null = task_id == NULL_TASK_ID
         command = null and not channels <= {RESUME}
-        late = False
-        if not stale and null and status != "running":
-            # The Command's or resume's tasks may have started the run already (above).
-            late = self._task_started.get(thread_id) == checkpoint_id
-            if late:
-                yield OnCommit(self._forget_task_start(thread_id))
+        # The Command's or resume's tasks may have started the run already (see
+        # _task_started): these are its own writes, come late.
+        late = not stale and null and self._task_started.get(thread_id) == checkpoint_id
+        if late:
+            yield OnCommit(self._forget_task_start(thread_id))
         if not stale and null and RESUME in channels and status != "running" and not late:
             resumes = self._resumes(thread_id, checkpoint_id)
             if resumes is None:  # this process cannot tell: the database has it paused?

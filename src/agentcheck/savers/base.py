@@ -122,6 +122,7 @@ class SyncSaver(RetentionCore):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (the latest of the thread when no id is given)."""
+        self._loaded(config)
         return self._call(lambda: self._get_tuple(config), False)
 
     def list(
@@ -318,6 +319,7 @@ class AsyncSaver(RetentionCore):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (the latest of the thread when no id is given)."""
+        self._loaded(config)
         return await self._call(lambda: self._get_tuple(config), False)
 
     async def alist(
