@@ -1291,8 +1291,14 @@ def run_with_late_writes(
     return run_of_sync(saver), shown(saver.journal.events("t1"))
 
 
-def asking_twice_in_a_subgraph(saver: Any, inner_two: Any) -> Any:
-    """START -> outer -> END, outer a subgraph: inner_one (pauses) -> ``inner_two``."""
+def asking(question: str) -> Callable[[Notes], Notes]:
+    """A node that pauses with ``question``, then notes the answer."""
+    return lambda state: {"notes": [interrupt(question)]}
+
+
+def asking_twice_in_a_subgraph(saver: Any, inner_two: Any, checkpointer: bool | None = None) -> Any:
+    """START -> outer -> END, outer a subgraph (compiled with ``checkpointer``):
+    inner_one (pauses) -> ``inner_two``."""
     inner = StateGraph(Notes)
     inner.add_node("inner_one", lambda state: {"notes": [interrupt("one?")]})
     inner.add_node("inner_two", inner_two)
@@ -1300,7 +1306,7 @@ def asking_twice_in_a_subgraph(saver: Any, inner_two: Any) -> Any:
     inner.add_edge("inner_one", "inner_two")
     inner.add_edge("inner_two", END)
     builder = StateGraph(Notes)
-    builder.add_node("outer", inner.compile())
+    builder.add_node("outer", inner.compile(checkpointer=checkpointer))
     builder.add_edge(START, "outer")
     builder.add_edge("outer", END)
     return builder.compile(checkpointer=saver)
@@ -1422,7 +1428,7 @@ async def test_a_late_resume_of_a_subgraph_that_pauses_again_is_no_restart(
     durability="async", its write reaching the saver late (simulated: 0.3 s): the
     subgraph's first write starts attempt 2, outer pauses again, then the late resume
     arrives. It belongs to that attempt: the run stays interrupted in attempt 2."""
-    graph = asking_twice_in_a_subgraph(saver, lambda state: {"notes": [interrupt("two?")]})
+    graph = asking_twice_in_a_subgraph(saver, asking("two?"))
     run, events = run_with_late_writes(saver, graph, Command(resume="yes"))
     assert ("task", "interrupt", "inner_two") in events, events
     assert run == ("interrupted", 2), events
@@ -1645,6 +1651,84 @@ async def test_a_goto_to_a_pausing_node_after_a_failed_retry_reads_interrupted(
     events = shown(await call(saver.journal, "events", kind, "t1"))
     assert [i.value for i in out["__interrupt__"]] == ["side?"], (out, state)
     assert await run_of(saver, kind) == ("interrupted", 3), events
+
+
+def resumed_late_after_an_edit(saver: Any, graph: Any) -> list[tuple[str, str, str | None]]:
+    """Thread t1's events once ``graph`` (outer pauses at "one?", then "two?") has paused,
+    update_state has edited its state (outer left pending), and Command(resume="yes")
+    with durability="async", its write of no task 0.3 s late, has paused it again."""
+    graph.invoke({"notes": []}, config("t1"), durability="sync")
+    graph.update_state(config("t1"), {"notes": ["edited"]})
+    assert graph.get_state(config("t1")).next == ("outer",)
+    delay_writes_of_no_task(saver)
+    out = graph.invoke(Command(resume="yes"), config("t1"), durability="async")
+    assert [i.value for i in out["__interrupt__"]] == ["two?"]
+    time.sleep(0.5)  # the late writes are stored before invoke returns: a margin
+    return shown(saver.journal.events("t1"))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_late_resume_of_an_own_subgraph_after_an_edit_is_no_restart(
+    kind: str, saver: Any
+) -> None:
+    """``outer`` (checkpointer=True) pauses twice. After the first pause update_state
+    edits the state and leaves ``outer`` pending (a later checkpoint C2). A plain
+    Command(resume="yes") (durability="async", its write of no task reaching the saver
+    late) runs outer again from C2: its subgraph's first write starts attempt 2 (known by
+    its node among the tasks that stopped the run) and outer pauses again at C2; the
+    late resume belongs to attempt 2. The run must read interrupted in attempt 2, not
+    running for good in a third (the subgraph's write remembered the pause's checkpoint,
+    not C2, where the late write comes)."""
+    events = resumed_late_after_an_edit(
+        saver, asking_twice_in_a_subgraph(saver, asking("two?"), checkpointer=True)
+    )
+    assert run_of_sync(saver) == ("interrupted", 2), events
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_late_resume_through_a_saver_that_does_not_know_the_run_is_no_restart(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """As test_a_late_resume_of_a_subgraph_that_pauses_again_is_no_restart, the resume
+    sent through another saver (an API worker, a restarted process) that knows nothing of
+    the run: the first write it sees (``ask``'s, pausing again) starts attempt 2, then
+    the resume's own write arrives late (simulated: 0.3 s). It belongs to attempt 2: the
+    run must read interrupted, not running for good in a third."""
+
+    def ask(state: Notes) -> Notes:
+        return {"notes": [interrupt("one?"), interrupt("two?")]}
+
+    def build(on: Any) -> Any:
+        builder = StateGraph(Notes)
+        builder.add_node("ask", ask)
+        builder.add_edge(START, "ask")
+        builder.add_edge("ask", END)
+        return builder.compile(checkpointer=on)
+
+    build(saver).invoke({"notes": []}, config("t1"), durability="sync")
+    async with open_saver(kind, **db) as other:
+        delay_writes_of_no_task(other)
+        out = build(other).invoke(Command(resume="A"), config("t1"), durability="async")
+        assert [i.value for i in out["__interrupt__"]] == ["two?"]
+        time.sleep(0.5)
+    events = shown(saver.journal.events("t1"))
+    assert run_of_sync(saver) == ("interrupted", 2), events
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_late_resume_of_a_subgraph_after_an_edit_starts_before_its_nodes(
+    kind: str, saver: Any
+) -> None:
+    """``outer`` (a subgraph) pauses twice. After the first pause update_state edits the
+    state and leaves ``outer`` pending (LangGraph runs it as a new task of the edit's
+    checkpoint). A plain Command(resume="yes") whose write of no task reaches the saver
+    late (simulated: 0.3 s): attempt 2 must start before the events of the subgraph's
+    nodes it runs (as it does when the resume's write is not late), and end paused."""
+    graph = asking_twice_in_a_subgraph(saver, asking("two?"))
+    events = resumed_late_after_an_edit(saver, graph)
+    assert run_of_sync(saver) == ("interrupted", 2), events
+    steps = after_last_stop(saver.journal.events("t1"))
+    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_one")), events
 
 
 # --------------------------------------------------------------------------- events

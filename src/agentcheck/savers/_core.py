@@ -542,7 +542,16 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         statement = self.sql.UPSERT_WRITE if special else self.sql.INSERT_WRITE_IF_ABSENT
         yield Query(statement, rows, many=True)
         if self.journal_nodes:
-            yield from self._journal_task(thread_id, ns, checkpoint_id, task_id, task_path, writes)
+            root_checkpoint = (conf.get("checkpoint_map") or {}).get("") if ns else None
+            yield from self._journal_task(
+                thread_id,
+                ns,
+                checkpoint_id,
+                task_id,
+                task_path,
+                writes,
+                root_checkpoint=None if root_checkpoint is None else str(root_checkpoint),
+            )
         return None
 
     # -- reads ----------------------------------------------------------------------

@@ -287,8 +287,11 @@ class RunJournal:
         task_id: str,
         task_path: str,
         writes: Sequence[tuple[str, Any]],
+        root_checkpoint: str | None = None,
     ) -> Operation[None]:
-        """A task's writes: it ended, failed or paused for an interrupt."""
+        """A task's writes: it ended, failed or paused for an interrupt.
+        ``root_checkpoint``: for a subgraph's task, the root checkpoint its root task runs
+        from (LangGraph's ``checkpoint_map``), where known."""
         channels = {channel for channel, _ in writes}
         status, at = self._run_status.get(thread_id, (None, None))
         if task_path.startswith(UPDATE_PATH):
@@ -314,12 +317,15 @@ class RunJournal:
             ns
             and status not in (None, "running")
             and at is not None
-            and root_task(ns) in self._stopped_by.get(thread_id, ())
+            and self._goes_on(thread_id, root_checkpoint or at, root_task(ns))
         ):
-            # A subgraph of a root task that paused or failed the run, running again (a
-            # resume by interrupt id, invoke(None)): LangGraph stores nothing before it.
-            status = yield from self._start_if_due(thread_id, at)
-            yield OnCommit(partial(self._task_started.__setitem__, thread_id, at))
+            # A subgraph of a root task that carries the stopped run on (_goes_on: one
+            # that paused or failed it, running again after a resume by interrupt id or
+            # invoke(None); or one of a later root checkpoint, after update_state or a
+            # fork): LangGraph stores nothing of the root before it.
+            started_at = max(root_checkpoint or at, at)
+            status = yield from self._start_if_due(thread_id, started_at)
+            yield OnCommit(partial(self._task_started.__setitem__, thread_id, started_at))
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
         # Writes of no task: a Command's resume value for the whole run, goto or update,
@@ -344,6 +350,8 @@ class RunJournal:
                 status = yield from self._start_if_due(thread_id, checkpoint_id)
         if not stale and status is None and not null:  # the first write seen for it
             status = yield from self._start_if_due(thread_id, checkpoint_id)
+            if self._commanded.get(thread_id) != checkpoint_id:
+                yield OnCommit(partial(self._task_started.__setitem__, thread_id, checkpoint_id))
         elif not stale and not null and self._goes_on(thread_id, checkpoint_id, task_id):
             status = yield from self._start_if_due(thread_id, checkpoint_id)
             if self._commanded.get(thread_id) != checkpoint_id:
