@@ -1296,15 +1296,20 @@ def asking(question: str) -> Callable[[Notes], Notes]:
     return lambda state: {"notes": [interrupt(question)]}
 
 
-def asking_twice_in_a_subgraph(saver: Any, inner_two: Any, checkpointer: bool | None = None) -> Any:
+def asking_twice_in_a_subgraph(
+    saver: Any, inner_two: Any | None, checkpointer: bool | None = None
+) -> Any:
     """START -> outer -> END, outer a subgraph (compiled with ``checkpointer``):
-    inner_one (pauses) -> ``inner_two``."""
+    inner_one (pauses) -> ``inner_two`` (if any)."""
     inner = StateGraph(Notes)
     inner.add_node("inner_one", lambda state: {"notes": [interrupt("one?")]})
-    inner.add_node("inner_two", inner_two)
     inner.add_edge(START, "inner_one")
-    inner.add_edge("inner_one", "inner_two")
-    inner.add_edge("inner_two", END)
+    if inner_two is None:
+        inner.add_edge("inner_one", END)
+    else:
+        inner.add_node("inner_two", inner_two)
+        inner.add_edge("inner_one", "inner_two")
+        inner.add_edge("inner_two", END)
     builder = StateGraph(Notes)
     builder.add_node("outer", inner.compile(checkpointer=checkpointer))
     builder.add_edge(START, "outer")
@@ -1729,6 +1734,112 @@ async def test_late_resume_of_a_subgraph_after_an_edit_starts_before_its_nodes(
     assert run_of_sync(saver) == ("interrupted", 2), events
     steps = after_last_stop(saver.journal.events("t1"))
     assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_one")), events
+
+
+@parametrize_kinds
+async def test_a_resume_at_a_superseded_checkpoint_starts_before_an_own_subgraph(
+    kind: str, saver: Any
+) -> None:
+    """``outer`` (checkpointer=True) pauses at C1; resumed, the run ends; new input pauses
+    it again at C3. A Command(resume=...) addressed to C1 (a checkpoint the thread has
+    moved past: LangGraph runs outer again from C1, no fork) resumes the subgraph: its
+    first write starts attempt 4 before its events (its node is among the tasks that
+    stopped the run, whatever the root checkpoint)."""
+    graph = asking_twice_in_a_subgraph(saver, None, checkpointer=True)  # pauses once
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    first = (await call(graph, "get_state", kind, config("t1"))).config
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), **SYNC)
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    assert await run_of(saver, kind) == ("interrupted", 3)
+    await call(graph, "invoke", kind, Command(resume="again"), first, **SYNC)
+    events = await call(saver.journal, "events", kind, "t1")
+    steps = after_last_stop(events)
+    assert await run_of(saver, kind) == ("succeeded", 4), steps
+    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_one")), steps
+
+
+@parametrize_kinds
+async def test_a_resume_at_a_superseded_checkpoint_of_an_own_subgraph_is_an_attempt(
+    kind: str, saver: Any
+) -> None:
+    """``outer`` (checkpointer=True) pauses twice per run. Run 1 pauses at C1, is resumed
+    twice and ends; new input pauses it at a later checkpoint (attempt 4). A
+    Command(resume=...) addressed to C1 runs outer again from C1 and it pauses at "two?":
+    an invocation that ran nodes and paused, attempt 5, interrupted."""
+    graph = asking_twice_in_a_subgraph(saver, asking("two?"), checkpointer=True)
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    first = (await call(graph, "get_state", kind, config("t1"))).config
+    for answer in ("a", "b"):
+        await call(graph, "invoke", kind, Command(resume=answer), config("t1"), **SYNC)
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    assert await run_of(saver, kind) == ("interrupted", 4)
+    out = await call(graph, "invoke", kind, Command(resume="redo"), first, **SYNC)
+    assert [i.value for i in out["__interrupt__"]] == ["two?"]
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert await run_of(saver, kind) == ("interrupted", 5), events
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_late_resume_through_another_saver_starts_before_the_subgraph_it_resumes(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """As test_a_resume_sent_through_another_saver_starts_before_the_subgraph_it_resumes,
+    durability="async" with the resume's write of no task reaching that saver late
+    (0.3 s): the saver does not know the run, so the subgraph's writes start nothing, and
+    the start comes with ``outer``'s own write, after inner_ask's and inner_after's events."""
+    await call(graph_with_subgraphs(saver), "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    async with open_saver(kind, **db) as other:
+        delay_writes_of_no_task(other)
+        graph_with_subgraphs(other).invoke(Command(resume="yes"), config("t1"), durability="async")
+        time.sleep(0.5)
+    steps = after_last_stop(saver.journal.events("t1"))
+    assert run_of_sync(saver) == ("succeeded", 2), steps
+    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_ask")), steps
+
+
+@parametrize_kinds
+async def test_a_node_error_its_error_handler_recovers_is_one_attempt(
+    kind: str, saver: Any
+) -> None:
+    """``boom`` fails and its error_handler (add_node(..., error_handler=...)) recovers: one
+    invocation that ends well: one attempt, succeeded (boom's error is logged, and fails
+    nothing: LangGraph writes it with the handler's marker)."""
+
+    def boom(state: Notes) -> Notes:
+        raise RuntimeError("boom")
+
+    builder = StateGraph(Notes)
+    builder.add_node("boom", boom, error_handler=lambda state: {"notes": ["handled"]})
+    builder.add_edge(START, "boom")
+    builder.add_edge("boom", END)
+    graph = builder.compile(checkpointer=saver)
+    out = await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    assert out["notes"] == ["handled"]
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert await run_of(saver, kind) == ("succeeded", 1), events
+
+
+@parametrize_kinds
+async def test_a_node_error_its_error_handler_fails_on_fails_the_run(kind: str, saver: Any) -> None:
+    """``boom`` fails and its error handler fails too: the handler's error fails the run,
+    in its first attempt."""
+
+    def boom(state: Notes) -> Notes:
+        raise RuntimeError("boom")
+
+    def handler(state: Notes) -> Notes:
+        raise RuntimeError("the handler gave up")
+
+    builder = StateGraph(Notes)
+    builder.add_node("boom", boom, error_handler=handler)
+    builder.add_edge(START, "boom")
+    builder.add_edge("boom", END)
+    graph = builder.compile(checkpointer=saver)
+    with pytest.raises(RuntimeError, match="gave up"):
+        await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert await run_of(saver, kind) == ("failed", 1), events
+    assert events.count(("run", "error", "failed")) == 1, events
 
 
 # --------------------------------------------------------------------------- events

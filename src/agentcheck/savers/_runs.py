@@ -47,6 +47,9 @@ NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"
 # The name LangGraph gives those writes (and a Command's goto or update) as it applies
 # them: its INPUT.
 INPUT = "__input__"
+# Written with a task's ERROR when the node has an error handler, which LangGraph runs
+# next (its ERROR_SOURCE_NODE, which it does not export).
+ERROR_SOURCE_NODE = "__error_source_node__"
 
 
 def _triggers_a_node(values: Mapping[str, Any]) -> bool:
@@ -257,6 +260,24 @@ class RunJournal:
         if not conf.get("checkpoint_ns") and "thread_id" in conf:
             self._task_started.pop(str(conf["thread_id"]), None)
 
+    def _subgraph_goes_on(
+        self, run_id: str, ns: str, at: str, root_checkpoint: str | None
+    ) -> str | None:
+        """Where a subgraph's write carries the stopped run on (the checkpoint to start
+        it at), or None. By the rule of its root task's own write (_goes_on), from the
+        root checkpoint that task runs from; or, whatever that checkpoint, if its root
+        task is one that stopped the run: resumed at a checkpoint the thread has moved
+        past, LangGraph runs it again from there (no fork), and stores nothing of the
+        root before its subgraph's writes."""
+        root = root_task(ns)
+        if root_checkpoint is not None and self._goes_on(run_id, root_checkpoint, root):
+            return max(root_checkpoint, at)
+        if root in self._stopped_by.get(run_id, ()) or (
+            root_checkpoint is None and self._goes_on(run_id, at, root)
+        ):
+            return at
+        return None
+
     def _goes_on(self, run_id: str, checkpoint_id: str, task_id: str) -> bool:
         """Whether a task of a stopped run carries it on: it runs from a later checkpoint
         than the one the run stopped at (after a fork: running again from an earlier
@@ -307,7 +328,15 @@ class RunJournal:
         # change the run's status no more.
         stale = bool(ns) or (status != "running" and at is not None and checkpoint_id < at)
         commanded = self._commanded.get(thread_id)
-        if ns and commanded is not None and status != "running":
+        if ns and status is None:
+            # The first write this saver sees of the thread, a subgraph's (a resume sent
+            # through another worker, a restarted process): this process's invocation
+            # runs it, as for a root task's first write below.
+            first_at = root_checkpoint or checkpoint_id
+            status = yield from self._start_if_due(thread_id, first_at)
+            if commanded != first_at:
+                yield OnCommit(partial(self._task_started.__setitem__, thread_id, first_at))
+        elif ns and commanded is not None and status != "running":
             # A subgraph's task, run by a Command sent to a stopped run (a goto to a
             # subgraph node): a graph's invoke returns once all its writes are stored, so
             # what comes after the Command is the new invocation's. It starts the run as
@@ -317,13 +346,12 @@ class RunJournal:
             ns
             and status not in (None, "running")
             and at is not None
-            and self._goes_on(thread_id, root_checkpoint or at, root_task(ns))
+            and (started_at := self._subgraph_goes_on(thread_id, ns, at, root_checkpoint))
         ):
             # A subgraph of a root task that carries the stopped run on (_goes_on: one
             # that paused or failed it, running again after a resume by interrupt id or
             # invoke(None); or one of a later root checkpoint, after update_state or a
             # fork): LangGraph stores nothing of the root before it.
-            started_at = max(root_checkpoint or at, at)
             status = yield from self._start_if_due(thread_id, started_at)
             yield OnCommit(partial(self._task_started.__setitem__, thread_id, started_at))
         stopped = self._stopped_by.get(thread_id, frozenset())
@@ -371,9 +399,11 @@ class RunJournal:
                 yield from self.journal_ops.log(EventSpec(thread_id, "node", "update", name=INPUT))
             return None
         new_status: str | None
-        if ERROR in channels and _called(task_path):
+        if ERROR in channels and (_called(task_path) or ERROR_SOURCE_NODE in channels):
             # A @task of the functional API, called from another task: the caller may
-            # catch its error; if not, the caller's own error fails the run.
+            # catch its error; if not, the caller's own error fails the run. Or a node
+            # with an error handler (add_node(..., error_handler=...)), which LangGraph
+            # runs next, in the same invocation: if it fails too, its error fails the run.
             phase, new_status = "error", None
         elif ERROR in channels:
             phase, new_status = "error", "failed"
