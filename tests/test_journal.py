@@ -921,6 +921,15 @@ async def test_a_resume_through_a_saver_whose_status_is_stale_reads_running(
     assert await run_of(saver, kind) == ("succeeded", 4)
 
 
+def paused_again_by_late_resume(saver: Any, graph: Any, command: Any, cfg: Any) -> None:
+    """Send ``command`` with durability="async", the saver storing its writes of no task
+    0.3 s late; the graph must pause again, at "two?"."""
+    delay_writes_of_no_task(saver)
+    out = graph.invoke(command, cfg, durability="async")
+    assert [i.value for i in out["__interrupt__"]] == ["two?"]
+    time.sleep(0.5)  # the late writes are stored before invoke returns: a margin
+
+
 def delay_writes_of_no_task(saver: Any) -> None:
     """From now on, the saver stores writes of no task (a Command's, a resume's) 0.3 s
     late, as LangGraph's background writes may reach it after the tasks they ran."""
@@ -1665,10 +1674,7 @@ def resumed_late_after_an_edit(saver: Any, graph: Any) -> list[tuple[str, str, s
     graph.invoke({"notes": []}, config("t1"), durability="sync")
     graph.update_state(config("t1"), {"notes": ["edited"]})
     assert graph.get_state(config("t1")).next == ("outer",)
-    delay_writes_of_no_task(saver)
-    out = graph.invoke(Command(resume="yes"), config("t1"), durability="async")
-    assert [i.value for i in out["__interrupt__"]] == ["two?"]
-    time.sleep(0.5)  # the late writes are stored before invoke returns: a margin
+    paused_again_by_late_resume(saver, graph, Command(resume="yes"), config("t1"))
     return shown(saver.journal.events("t1"))
 
 
@@ -1712,10 +1718,7 @@ async def test_late_resume_through_a_saver_that_does_not_know_the_run_is_no_rest
 
     build(saver).invoke({"notes": []}, config("t1"), durability="sync")
     async with open_saver(kind, **db) as other:
-        delay_writes_of_no_task(other)
-        out = build(other).invoke(Command(resume="A"), config("t1"), durability="async")
-        assert [i.value for i in out["__interrupt__"]] == ["two?"]
-        time.sleep(0.5)
+        paused_again_by_late_resume(other, build(other), Command(resume="A"), config("t1"))
     events = shown(saver.journal.events("t1"))
     assert run_of_sync(saver) == ("interrupted", 2), events
 
@@ -1840,6 +1843,85 @@ async def test_a_node_error_its_error_handler_fails_on_fails_the_run(kind: str, 
     events = shown(await call(saver.journal, "events", kind, "t1"))
     assert await run_of(saver, kind) == ("failed", 1), events
     assert events.count(("run", "error", "failed")) == 1, events
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_late_resume_at_a_superseded_checkpoint_of_an_own_subgraph_is_no_restart(
+    kind: str, saver: Any
+) -> None:
+    """As test_a_resume_at_a_superseded_checkpoint_of_an_own_subgraph_is_an_attempt, the
+    resume sent with durability="async" and its write of no task reaching the saver late
+    (0.3 s, after outer paused again at "two?"): it belongs to attempt 5, which paused;
+    the run must read interrupted in attempt 5, not running for good in a sixth."""
+    graph = asking_twice_in_a_subgraph(saver, asking("two?"), checkpointer=True)
+    graph.invoke({"notes": []}, config("t1"), durability="sync")
+    first = graph.get_state(config("t1")).config
+    for answer in ("a", "b"):
+        graph.invoke(Command(resume=answer), config("t1"), durability="sync")
+    graph.invoke({"notes": []}, config("t1"), durability="sync")
+    assert run_of_sync(saver) == ("interrupted", 4)
+    paused_again_by_late_resume(saver, graph, Command(resume="redo"), first)
+    events = after_last_stop(saver.journal.events("t1"))
+    assert run_of_sync(saver) == ("interrupted", 5), events
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_handled_error_of_an_own_subgraph_lets_no_later_sibling_restart_the_run(
+    kind: str, saver: Any
+) -> None:
+    """``boom`` (a subgraph compiled with checkpointer=True) fails and its error handler
+    recovers, sending on to ``ask`` (pauses at once) and ``boom`` again (ends 0.3 s
+    later, in the same step). One invocation, which paused: attempt 1, interrupted. (The
+    handled error must not leave boom among the tasks that stop the run: its subgraph's
+    write after ask's pause would start a second attempt that reads running for good.)"""
+    fail = [True]
+
+    def inner_boom(state: Notes) -> Notes:
+        if fail[0]:
+            fail[0] = False
+            raise RuntimeError("boom")
+        time.sleep(0.3)
+        return {"notes": ["boom ok"]}
+
+    inner = StateGraph(Notes)
+    inner.add_node("inner_boom", inner_boom)
+    inner.add_edge(START, "inner_boom")
+    inner.add_edge("inner_boom", END)
+    builder = StateGraph(Notes)
+    builder.add_node(
+        "boom",
+        inner.compile(checkpointer=True),
+        error_handler=lambda state: Command(update={"notes": ["handled"]}, goto=["ask", "boom"]),
+    )
+    builder.add_node("ask", asking("ask?"))
+    builder.add_edge(START, "boom")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+    out = graph.invoke({"notes": []}, config("t1"), durability="sync")
+    assert [i.value for i in out["__interrupt__"]] == ["ask?"]
+    events = shown(saver.journal.events("t1"))
+    assert run_of_sync(saver) == ("interrupted", 1), events
+
+
+@parametrize_kinds
+async def test_an_error_handlers_events_are_named_after_the_handler(kind: str, saver: Any) -> None:
+    """``boom`` fails and its error handler recovers: the handler's end is its own node's
+    event (LangGraph's ``__error_handler__boom``), not a second event of ``boom``, which
+    would read as boom retried and ending well."""
+
+    def boom(state: Notes) -> Notes:
+        raise RuntimeError("boom")
+
+    builder = StateGraph(Notes)
+    builder.add_node("boom", boom, error_handler=lambda state: {"notes": ["handled"]})
+    builder.add_edge(START, "boom")
+    builder.add_edge("boom", END)
+    graph = builder.compile(checkpointer=saver)
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    events = shown(await call(saver.journal, "events", kind, "t1"))
+    assert ("node", "end", "boom") not in events, events
+    assert ("node", "error", "boom") in events, events
+    assert ("node", "end", "__error_handler__boom") in events, events
 
 
 # --------------------------------------------------------------------------- events

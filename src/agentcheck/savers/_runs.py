@@ -25,6 +25,8 @@ def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | 
     """The node of a task path: ``~__pregel_pull, agent`` names it; a Send task's
     ``~__pregel_push, 0000000002, ...`` indexes the checkpoint's pending Sends."""
     parts = [p.strip() for p in task_path.lstrip("~").split(",")]
+    if len(parts) >= 3 and parts[2] == _ERROR_HANDLER:
+        return None  # a node's error handler, whose path is the failed node's
     if len(parts) >= 2 and parts[0] == "__pregel_pull":
         return parts[1]
     if len(parts) >= 2 and parts[0] == "__pregel_push" and push_nodes and parts[1].isdigit():
@@ -50,6 +52,9 @@ INPUT = "__input__"
 # Written with a task's ERROR when the node has an error handler, which LangGraph runs
 # next (its ERROR_SOURCE_NODE, which it does not export).
 ERROR_SOURCE_NODE = "__error_source_node__"
+# The third part of an error handler's task path (``~__pregel_pull, <failed node>,
+# node_error_handler, False``).
+_ERROR_HANDLER = "node_error_handler"
 
 
 def _triggers_a_node(values: Mapping[str, Any]) -> bool:
@@ -353,7 +358,10 @@ class RunJournal:
             # invoke(None); or one of a later root checkpoint, after update_state or a
             # fork): LangGraph stores nothing of the root before it.
             status = yield from self._start_if_due(thread_id, started_at)
-            yield OnCommit(partial(self._task_started.__setitem__, thread_id, started_at))
+            # Where the Command's own writes come: the root checkpoint the task runs from
+            # (older than the stop, for a resume sent to a checkpoint moved past).
+            late_at = root_checkpoint or started_at
+            yield OnCommit(partial(self._task_started.__setitem__, thread_id, late_at))
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
         # Writes of no task: a Command's resume value for the whole run, goto or update,
@@ -432,8 +440,11 @@ class RunJournal:
         if status == "running" and was != "running":
             stopped = frozenset()  # started again just now: what stopped it is past
         if new_status is None:
-            if phase == "error":  # a called task failed: its caller may catch it; if
-                # not, running it again (invoke(None)) goes on with the run
+            if phase == "error" and ERROR_SOURCE_NODE not in channels:
+                # A called task failed: its caller may catch it; if not, running it
+                # again (invoke(None)) goes on with the run. (A node whose error its
+                # handler takes is never run again: the handler is, and its own pause or
+                # error stops the run.)
                 yield OnCommit(self._remember_stopped(thread_id, stopped | mine))
             return None
         if status == new_status and at == checkpoint_id:
