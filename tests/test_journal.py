@@ -2018,6 +2018,27 @@ def test_a_wait_for_the_thread_lock_interrupted_by_a_signal_gives_up_its_turn() 
         assert lock._held
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.mark.parametrize("name", ["sub|task", "a:b", "plain"])
+async def test_functional_api_tasks_are_named_after_their_name(
+    kind: str, saver: Any, name: str
+) -> None:
+    """A functional API @task's events carry its name, also one holding '|' or ':'
+    (LangGraph checks only graph node names): its namespace ends "<name>:<task id>"."""
+
+    @task(name=name)
+    def step(x: int) -> int:
+        return x + 1
+
+    @entrypoint(checkpointer=saver)
+    def workflow(x: int) -> int:
+        return step(x).result()
+
+    assert workflow.invoke(1, config("t1"), durability="sync") == 2
+    events = shown(saver.journal.events("t1"))
+    assert ("node", "end", name) in events, events
+
+
 @parametrize_kinds
 async def test_node_events_of_send_tasks_are_named_after_their_node(kind: str, saver: Any) -> None:
     builder = StateGraph(MessagesState)

@@ -99,11 +99,13 @@ class _ToolCallIds(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        # A task's callback metadata carries its namespace, "node:task_id" last.
+        # A task's callback metadata carries its namespace, "node:task_id" last. (Task
+        # ids hold no ':'; a functional API @task's name may hold '|' or ':'.)
         ns = (metadata or {}).get("langgraph_checkpoint_ns")
-        if isinstance(ns, str) and ns:
-            node, _, task_id = ns.rpartition("|")[2].partition(":")
-            if task_id and node == (metadata or {}).get("langgraph_node"):
+        node = (metadata or {}).get("langgraph_node")
+        if isinstance(ns, str) and isinstance(node, str) and node:
+            head, _, task_id = ns.rpartition(":")
+            if task_id and (head == node or head.endswith("|" + node)):
                 task_names.remember(task_id, node)
 
     def _forget(self, run_id: UUID) -> None:
