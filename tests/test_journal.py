@@ -923,24 +923,41 @@ async def test_a_resume_through_a_saver_whose_status_is_stale_reads_running(
 
 def paused_again_by_late_resume(saver: Any, graph: Any, command: Any, cfg: Any) -> None:
     """Send ``command`` with durability="async", the saver storing its writes of no task
-    0.3 s late; the graph must pause again, at "two?"."""
-    delay_writes_of_no_task(saver)
-    out = graph.invoke(command, cfg, durability="async")
+    once the run has paused again (at "two?")."""
+    stored_when = delay_writes_of_no_task(saver)
+    out = graph.invoke(command, cfg, durability="async")  # returns once all are stored
     assert [i.value for i in out["__interrupt__"]] == ["two?"]
-    time.sleep(0.5)  # the late writes are stored before invoke returns: a margin
+    assert stored_when == ["interrupted"]  # the writes did come late
 
 
-def delay_writes_of_no_task(saver: Any) -> None:
-    """From now on, the saver stores writes of no task (a Command's, a resume's) 0.3 s
-    late, as LangGraph's background writes may reach it after the tasks they ran."""
+def delay_writes_of_no_task(saver: Any, until: str = "interrupted") -> list[str | None]:
+    """From now on, the saver stores writes of no task (a Command's, a resume's) late, as
+    LangGraph's background writes may reach it after the tasks they ran: once thread
+    t1's run reads ``until`` in a later attempt than now (the tasks started it, then
+    paused or ended it), waiting up to 5 s. Returns the run's status as each was stored,
+    ``until`` or what it read at the deadline, for the test to check they came late."""
     put_writes = saver.put_writes
+    journal = saver.journal
+
+    def now() -> tuple[str | None, int]:
+        run = journal.get_run("t1")
+        return (None, 0) if run is None else (str(run.status), int(run.attempt))
+
+    before = now()[1]
+    stored_when: list[str | None] = []
 
     def late_put_writes(config: Any, writes: Any, task_id: str, task_path: str = "") -> Any:
         if task_id == "00000000-0000-0000-0000-000000000000":  # LangGraph's NULL_TASK_ID
-            time.sleep(0.3)
+            for _ in range(500):
+                status, attempt = now()
+                if status == until and attempt > before:
+                    break
+                time.sleep(0.01)
+            stored_when.append(status if attempt > before else None)
         return put_writes(config, writes, task_id, task_path)
 
     saver.put_writes = late_put_writes
+    return stored_when
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
@@ -949,10 +966,10 @@ async def test_a_goto_stored_after_the_node_it_ran_paused_is_no_restart(
 ) -> None:
     """durability="async": LangGraph stores the Command's writes in the background,
     beside the node they run. If they reach the saver after that node paused the run
-    (simulated: the saver's put_writes of the null task is 0.3 s late), the late goto
-    starts nothing: the run stays paused in its second attempt (not running for good, in
-    a third)."""
-    delay_writes_of_no_task(saver)
+    (simulated: the saver's put_writes of the null task waits for the pause), the late
+    goto starts nothing: the run stays paused in its second attempt (not running for
+    good, in a third)."""
+    stored_when = delay_writes_of_no_task(saver)
     builder = StateGraph(Notes)
     builder.add_node("ask", lambda state: {"notes": ["ask"]})
     builder.add_node("side", lambda state: {"notes": [interrupt("side?")]})
@@ -962,6 +979,7 @@ async def test_a_goto_stored_after_the_node_it_ran_paused_is_no_restart(
     graph = builder.compile(checkpointer=saver)
     graph.invoke({"notes": []}, config("t1"), durability="sync")
     graph.invoke(Command(goto="side"), config("t1"), durability="async")
+    assert stored_when == ["interrupted"]  # the goto's writes did come late
     assert run_of_sync(saver) == ("interrupted", 2)
 
 
@@ -1225,9 +1243,10 @@ def failing_subgraph_with_a_slow_branch() -> Any:
 async def test_a_late_write_of_a_failed_subgraph_does_not_restart_the_run(
     kind: str, saver: Any
 ) -> None:
-    """outer is a subgraph whose inner_boom fails while inner_slow still runs: outer's
-    error fails the run; inner_slow's write (ns "outer:<outer's task id>") arrives
-    after. It belongs to the invocation that failed the run: no new attempt."""
+    """outer is a subgraph whose inner_boom fails while inner_slow still runs: inner_slow's
+    write (ns "outer:<outer's task id>") comes while the run still runs (LangGraph waits
+    for the subgraph's branches before it stores outer's error), then outer's error
+    fails the run. One failed attempt (a guard: it passed before this change too)."""
     builder = StateGraph(Notes)
     builder.add_node("outer", failing_subgraph_with_a_slow_branch())
     builder.add_edge(START, "outer")
@@ -1235,8 +1254,8 @@ async def test_a_late_write_of_a_failed_subgraph_does_not_restart_the_run(
     graph = builder.compile(checkpointer=saver)
     with pytest.raises(RuntimeError, match="boom"):
         graph.invoke({"notes": []}, config("t1"), durability="sync")
-    time.sleep(0.6)  # inner_slow finishes after invoke raised
     events = shown(saver.journal.events("t1"))
+    assert events.index(("task", "end", "inner_slow")) < events.index(("node", "error", "outer"))
     assert run_of_sync(saver) == ("failed", 1), events
 
 
@@ -1292,11 +1311,11 @@ def run_with_late_writes(
 ) -> tuple[tuple[str, int], list[tuple[str, str, str | None]]]:
     """Thread t1's run, as (status, attempt), and its events, after a first invoke and
     then ``command`` with durability="async", whose writes of no task reach the saver
-    0.3 s late."""
+    once the run has paused again."""
     graph.invoke({"notes": []}, config("t1"), durability="sync")
-    delay_writes_of_no_task(saver)
-    graph.invoke(command, config("t1"), durability="async")
-    time.sleep(0.5)  # the late writes are stored before invoke returns: a margin
+    stored_when = delay_writes_of_no_task(saver)
+    graph.invoke(command, config("t1"), durability="async")  # returns once all are stored
+    assert stored_when == ["interrupted"]  # the writes did come late
     return run_of_sync(saver), shown(saver.journal.events("t1"))
 
 
@@ -1548,8 +1567,8 @@ async def test_a_resume_whose_late_write_came_while_running_is_not_taken_again(
     kind: str, saver: Any
 ) -> None:
     """``outer`` (a subgraph) pauses twice. The first Command(resume="A") has its write
-    of no task reach the saver late (simulated: 0.3 s), but while the attempt it belongs
-    to still runs (inner_two waits 0.6 s before it pauses). The second, plain
+    of no task reach the saver late, but while the attempt it belongs to still runs
+    (once the run reads running; inner_two waits 0.6 s before it pauses). The second, plain
     Command(resume="B"), sent with nothing delayed, is a new resume: while inner_two runs
     on, the run reads running in attempt 3."""
     seen: list[tuple[str, int]] = []
@@ -1563,9 +1582,9 @@ async def test_a_resume_whose_late_write_came_while_running_is_not_taken_again(
 
     graph = asking_twice_in_a_subgraph(saver, inner_two)
     graph.invoke({"notes": []}, config("t1"), durability="sync")
-    delay_writes_of_no_task(saver)
+    stored_when = delay_writes_of_no_task(saver, until="running")
     graph.invoke(Command(resume="A"), config("t1"), durability="async")
-    time.sleep(0.5)
+    assert stored_when == ["running"]  # late, and before the pause
     del saver.put_writes  # nothing delayed from now on
     events = shown(saver.journal.events("t1"))
     assert run_of_sync(saver) == ("interrupted", 2), events
@@ -1787,14 +1806,15 @@ async def test_a_late_resume_through_another_saver_starts_before_the_subgraph_it
     kind: str, saver: Any, db: dict[str, str]
 ) -> None:
     """As test_a_resume_sent_through_another_saver_starts_before_the_subgraph_it_resumes,
-    durability="async" with the resume's write of no task reaching that saver late
-    (0.3 s): the saver does not know the run, so the subgraph's writes start nothing, and
-    the start comes with ``outer``'s own write, after inner_ask's and inner_after's events."""
+    durability="async" with the resume's write of no task reaching that saver only once
+    the run has ended: that saver does not know the run, and the first write it sees, a
+    subgraph's, starts it before the subgraph's events (not ``outer``'s own write,
+    after them)."""
     await call(graph_with_subgraphs(saver), "invoke", kind, {"notes": []}, config("t1"), **SYNC)
     async with open_saver(kind, **db) as other:
-        delay_writes_of_no_task(other)
+        stored_when = delay_writes_of_no_task(other, until="succeeded")
         graph_with_subgraphs(other).invoke(Command(resume="yes"), config("t1"), durability="async")
-        time.sleep(0.5)
+        assert stored_when == ["succeeded"]  # the resume's write did come late
     steps = after_last_stop(saver.journal.events("t1"))
     assert run_of_sync(saver) == ("succeeded", 2), steps
     assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_ask")), steps

@@ -174,17 +174,32 @@ def test_the_chains_remembered_are_found_per_thread_until_forgotten() -> None:
     namespace only; the oldest are forgotten beyond the bound, and all of a thread's
     when it is cleared (a thread with none left is skipped without a look-up)."""
     deltas = ListDeltas(size=1)  # at most 16 chains
+    looked_up: list[Any] = []
+    chains = deltas._chains
+
+    class CountingChains(type(chains)):  # type: ignore[misc]
+        def get(self, key: Any, default: Any = None) -> Any:
+            looked_up.append(key)
+            return super().get(key, default)
+
+    deltas._chains = CountingChains(chains)
     deltas.learn("a", "", {"items": ["a0", "a1"]}, {"items": "a2"})
     deltas.learn("a", "sub", {"items": ["s0"]}, {"items": "s1"})
     for i in range(15):
         deltas.learn("b", "", {"items": [f"b{i}"]}, {"items": f"b{i + 1}"})
+    assert dict(deltas._chained) == {("a", "sub"): 1, ("b", ""): 15}
+    looked_up.clear()
     assert deltas.bases("a", "", {"items": "a2", "other": "x"}) == {}  # the oldest: gone
+    assert looked_up == []  # none left for ("a", ""): skipped
     assert deltas.bases("a", "sub", {"items": "s1"}) == {"items": ["s0"]}
     assert deltas.bases("b", "", {"items": "b15"}) == {"items": ["b14"]}
     assert deltas.bases("b", "sub", {"items": "b15"}) == {}
+    assert len(looked_up) == 2
     deltas.clear_thread("b")
+    assert dict(deltas._chained) == {("a", "sub"): 1}
     assert deltas.bases("b", "", {"items": "b15"}) == {}
     deltas.learn("b", "", {"items": ["b0"]}, {"items": "b1"})
+    assert dict(deltas._chained) == {("a", "sub"): 1, ("b", ""): 1}
     assert deltas.bases("b", "", {"items": "b1"}) == {"items": ["b0"]}
     assert deltas.bases("a", "sub", {"items": "s1"}) == {"items": ["s0"]}
 
