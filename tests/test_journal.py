@@ -736,6 +736,12 @@ def after_last_stop(events: list[Any]) -> list[tuple[str, str, str | None]]:
     return steps[stops[-2] + 1 :]
 
 
+async def assert_started_before(saver: Any, kind: str, event: tuple[str, str, str]) -> None:
+    """In thread t1's last attempt, the run's start comes before ``event``."""
+    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
+    assert steps.index(("run", "start", None)) < steps.index(event), steps
+
+
 @parametrize_kinds
 async def test_a_resume_sent_through_another_saver_starts_before_the_subgraph_it_resumes(
     kind: str, saver: Any, db: dict[str, str]
@@ -747,21 +753,30 @@ async def test_a_resume_sent_through_another_saver_starts_before_the_subgraph_it
         resumed = graph_with_subgraphs(other)
         await call(resumed, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
     assert await run_of(saver, kind) == ("succeeded", 2)
-    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
-    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_ask")), steps
+    await assert_started_before(saver, kind, ("task", "end", "inner_ask"))
 
 
 @parametrize_kinds
-async def test_a_command_goto_to_a_subgraph_starts_before_its_nodes(kind: str, saver: Any) -> None:
+@pytest.mark.parametrize("through", ["this saver", "another saver"])
+async def test_a_command_goto_to_a_subgraph_starts_before_its_nodes(
+    kind: str, saver: Any, db: dict[str, str], through: str
+) -> None:
     """Command(goto="side") to a finished thread, ``side`` a subgraph: the new attempt
-    starts before the events of the subgraph's nodes."""
+    starts before the events of the subgraph's nodes. Also when the Command is sent
+    through a saver that does not know the run's status (another API worker, a restarted
+    process)."""
     graph = graph_with_subgraphs(saver)
     await call(graph, "invoke", kind, {"notes": []}, config("t1"), durability="sync")
     await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
-    await call(graph, "invoke", kind, Command(goto="side"), config("t1"), durability="sync")
+    goto = Command(goto="side")
+    if through == "this saver":
+        await call(graph, "invoke", kind, goto, config("t1"), durability="sync")
+    else:
+        async with open_saver(kind, **db) as other:
+            there = graph_with_subgraphs(other)
+            await call(there, "invoke", kind, goto, config("t1"), durability="sync")
     assert await run_of(saver, kind) == ("succeeded", 3)
-    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
-    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_side")), steps
+    await assert_started_before(saver, kind, ("task", "end", "inner_side"))
 
 
 @parametrize_kinds
@@ -878,6 +893,23 @@ async def test_a_goto_to_end_leaves_a_finished_run_as_it_was(kind: str, saver: A
     assert await run_of(saver, kind) == ("succeeded", 1)
 
 
+async def assert_resumed_after_an_edit(
+    saver: Any, kind: str, graph: Any, seen: list[tuple[str, int]], node: str, values: Any
+) -> None:
+    """Thread t1 paused at ``node`` (a watching one, recording into ``seen``):
+    update_state writes ``values`` (None: a copy of the checkpoint, as_node="__copy__"),
+    leaving ``node`` pending; a resume then runs it on. While it runs, the run reads
+    running in its second attempt, which ends well."""
+    if values is None:
+        await call(graph, "update_state", kind, config("t1"), None, as_node="__copy__")
+    else:
+        await call(graph, "update_state", kind, config("t1"), values)
+    assert (await call(graph, "get_state", kind, config("t1"))).next == (node,)
+    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
+    assert seen == [("running", 2)]
+    assert await run_of(saver, kind) == ("succeeded", 2)
+
+
 @parametrize_kinds
 @pytest.mark.parametrize("edit", ["values", "copy"])
 async def test_a_resume_after_an_edit_that_left_the_node_paused_reads_running(
@@ -890,14 +922,8 @@ async def test_a_resume_after_an_edit_that_left_the_node_paused_reads_running(
     seen: list[tuple[str, int]] = []
     graph = one_node_graph(saver, watching_node(saver.journal, kind, seen))
     await call(graph, "invoke", kind, {"log": []}, config("t1"), durability="sync")
-    if edit == "values":
-        await call(graph, "update_state", kind, config("t1"), {"log": ["edited"]})
-    else:
-        await call(graph, "update_state", kind, config("t1"), None, as_node="__copy__")
-    assert (await call(graph, "get_state", kind, config("t1"))).next == ("ask",)
-    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
-    assert seen == [("running", 2)]
-    assert await run_of(saver, kind) == ("succeeded", 2)
+    edited = {"log": ["edited"]} if edit == "values" else None
+    await assert_resumed_after_an_edit(saver, kind, graph, seen, "ask", edited)
 
 
 @parametrize_kinds
@@ -992,25 +1018,6 @@ def run_of_sync(saver: Any) -> tuple[str, int]:
 
 
 @parametrize_kinds
-async def test_a_goto_to_a_subgraph_sent_through_another_saver_starts_before_its_nodes(
-    kind: str, saver: Any, db: dict[str, str]
-) -> None:
-    """Command(goto="side"), ``side`` a subgraph, sent to a finished thread through a saver
-    that does not know the run's status (another API worker, a restarted process): the
-    new attempt starts before the events of the subgraph's nodes, as it does through the
-    saver that knows the run."""
-    graph = graph_with_subgraphs(saver)
-    await call(graph, "invoke", kind, {"notes": []}, config("t1"), durability="sync")
-    await call(graph, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
-    async with open_saver(kind, **db) as other:
-        there = graph_with_subgraphs(other)
-        await call(there, "invoke", kind, Command(goto="side"), config("t1"), durability="sync")
-    assert await run_of(saver, kind) == ("succeeded", 3)
-    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
-    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_side")), steps
-
-
-@parametrize_kinds
 async def test_a_resume_after_a_copy_of_a_paused_entrypoint_reads_running(
     kind: str, saver: Any
 ) -> None:
@@ -1037,11 +1044,7 @@ async def test_a_resume_after_a_copy_of_a_paused_entrypoint_reads_running(
             return x + len(answer)
 
     await call(workflow, "invoke", kind, 1, config("t1"), durability="sync")
-    await call(workflow, "update_state", kind, config("t1"), None, as_node="__copy__")
-    assert (await call(workflow, "get_state", kind, config("t1"))).next == ("workflow",)
-    await call(workflow, "invoke", kind, Command(resume="yes"), config("t1"), durability="sync")
-    assert seen == [("running", 2)]
-    assert await run_of(saver, kind) == ("succeeded", 2)
+    await assert_resumed_after_an_edit(saver, kind, workflow, seen, "workflow", None)
 
 
 @parametrize_kinds
@@ -1070,8 +1073,7 @@ async def assert_resumed_by_interrupt_id(saver: Any, kind: str, graph: Any) -> N
     await call(graph, "invoke", kind, Command(resume={pending.id: "yes"}), config("t1"),
                durability="sync")  # fmt: skip
     assert await run_of(saver, kind) == ("succeeded", 2)
-    steps = after_last_stop(await call(saver.journal, "events", kind, "t1"))
-    assert steps.index(("run", "start", None)) < steps.index(("task", "end", "inner_ask")), steps
+    await assert_started_before(saver, kind, ("task", "end", "inner_ask"))
 
 
 @parametrize_kinds

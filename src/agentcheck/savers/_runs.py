@@ -250,10 +250,17 @@ class RunJournal:
             return None
         yield from self.journal_ops.start_run(run_id, framework=framework, thread_id=run_id)
         yield from self._set_status(run_id, "running", at)
-        if position is not None and self._commanded.get(run_id) != position[0]:
-            # As a task's write would (_journal_task): the resume's own writes may follow.
-            yield OnCommit(partial(self._task_started.__setitem__, run_id, position[0]))
+        if position is not None:  # as a task's write would: its Command's writes may follow
+            yield from self._started_by_task(run_id, position[0])
         return None
+
+    def _started_by_task(self, run_id: str, checkpoint_id: str) -> Operation[None]:
+        """A task's write (or a wrapped call) started the stopped run, from
+        ``checkpoint_id``: remember it (``_task_started``), unless a Command was seen
+        there already, so that the Command's own writes, if they come later, start
+        nothing."""
+        if self._commanded.get(run_id) != checkpoint_id:
+            yield OnCommit(partial(self._task_started.__setitem__, run_id, checkpoint_id))
 
     def _loaded(self, config: Mapping[str, Any]) -> None:
         """A root checkpoint of a thread is read: LangGraph does so as an invocation
@@ -339,8 +346,7 @@ class RunJournal:
             # runs it, as for a root task's first write below.
             first_at = root_checkpoint or checkpoint_id
             status = yield from self._start_if_due(thread_id, first_at)
-            if commanded != first_at:
-                yield OnCommit(partial(self._task_started.__setitem__, thread_id, first_at))
+            yield from self._started_by_task(thread_id, first_at)
         elif ns and commanded is not None and status != "running":
             # A subgraph's task, run by a Command sent to a stopped run (a goto to a
             # subgraph node): a graph's invoke returns once all its writes are stored, so
@@ -360,8 +366,7 @@ class RunJournal:
             status = yield from self._start_if_due(thread_id, started_at)
             # Where the Command's own writes come: the root checkpoint the task runs from
             # (older than the stop, for a resume sent to a checkpoint moved past).
-            late_at = root_checkpoint or started_at
-            yield OnCommit(partial(self._task_started.__setitem__, thread_id, late_at))
+            yield from self._started_by_task(thread_id, root_checkpoint or started_at)
         stopped = self._stopped_by.get(thread_id, frozenset())
         was = status
         # Writes of no task: a Command's resume value for the whole run, goto or update,
@@ -384,14 +389,14 @@ class RunJournal:
                     status = "running"
             elif resumes:
                 status = yield from self._start_if_due(thread_id, checkpoint_id)
-        if not stale and status is None and not null:  # the first write seen for it
+        if (
+            not stale
+            and not null
+            # the first write this saver sees of the thread, or one that carries it on
+            and (status is None or self._goes_on(thread_id, checkpoint_id, task_id))
+        ):
             status = yield from self._start_if_due(thread_id, checkpoint_id)
-            if self._commanded.get(thread_id) != checkpoint_id:
-                yield OnCommit(partial(self._task_started.__setitem__, thread_id, checkpoint_id))
-        elif not stale and not null and self._goes_on(thread_id, checkpoint_id, task_id):
-            status = yield from self._start_if_due(thread_id, checkpoint_id)
-            if self._commanded.get(thread_id) != checkpoint_id:
-                yield OnCommit(partial(self._task_started.__setitem__, thread_id, checkpoint_id))
+            yield from self._started_by_task(thread_id, checkpoint_id)
         if channels <= {RESUME}:
             return None
         if command:
