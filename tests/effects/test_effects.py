@@ -472,6 +472,39 @@ async def test_update_state_while_paused_does_not_repeat_an_effect(
 
 
 @parametrize_kinds
+async def test_two_edits_each_before_an_answer_do_not_repeat_an_effect(
+    kind: str, saver: Any
+) -> None:
+    """A node charges, then asks two questions; a reviewer edits the state before each
+    answer. The second resume's task goes on with the first resume's, which itself went
+    on with the task that charged: its calls were keyed after the first resume's task,
+    and the card was charged a second time under a new key."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    def after(result: Any) -> dict[str, Any]:
+        return {"out": [result, interrupt("approve?"), interrupt("confirm?")]}
+
+    graph = one_node_graph(calling_node(kind, charge, (5,), after), saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    await call(graph, "update_state", kind, config("t1"), {"out": ["note 1"]})
+    paused = await call(graph, "invoke", kind, Command(resume="approved"), config("t1"))
+    assert [i.value for i in paused["__interrupt__"]] == ["confirm?"]
+    await call(graph, "update_state", kind, config("t1"), {"out": ["note 2"]})
+    # LangGraph starts the node over with this answer only (the first went with the task
+    # the edit replaced), so it asks again, as it does with no agentcheck saver.
+    again = await call(graph, "invoke", kind, Command(resume="confirmed"), config("t1"))
+    assert [i.value for i in again["__interrupt__"]] == ["confirm?"]
+    assert calls == [5]
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+
+    assert calls == [5]
+    assert final["out"][-3:] == [{"charged": 5, "run": 1}, "confirmed", "yes"]
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.attempts) == ("completed", 1)
+
+
+@parametrize_kinds
 async def test_a_call_counts_only_its_own_questions_not_a_sibling_tools(
     kind: str, saver: Any
 ) -> None:

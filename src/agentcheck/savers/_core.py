@@ -562,18 +562,22 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         """The task that ``node`` continues at ``checkpoint_id``, if that checkpoint was
         written by update_state while the node was paused at an interrupt: LangGraph then
         runs the node again as a new task of the new checkpoint (a new task id), which is
-        still the paused one going on. None otherwise."""
+        still the paused one going on. None otherwise.
+
+        The paused task may itself have gone on with an earlier one (an edit before each
+        of two answers): the chain is followed back to the task that first ran."""
+        found_task: str | None = None
         for _ in range(16):  # updates made one after another
             found = yield from self._get_tuple(
                 {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
                                   "checkpoint_id": checkpoint_id}}
             )  # fmt: skip
             if found is None or found.metadata.get("source") not in OUTSIDE_EDITS:
-                return None
+                return found_task
             if not triggers(found.checkpoint["channel_values"], node):
-                return None  # an update after which the node was not pending any more
+                return found_task  # an update after which the node was not pending any more
             if found.parent_config is None:
-                return None
+                return found_task
             checkpoint_id = found.parent_config["configurable"]["checkpoint_id"]
             params = (thread_id, ns, checkpoint_id)
             rows = yield Query(self.sql.SELECT_TASK_WRITES, params, fetch=True)
@@ -586,13 +590,16 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             # the node is done, and what runs next is a new run of it, not this one.
             updated = {str(task_id) for task_id, _, path in rows if path.startswith(UPDATE_PATH)}
             if paused & updated:
-                return None
-            if len(paused) == 1:
-                return paused.pop()
-            if paused:
-                return None  # several of that node paused there: which one is unclear
-            # None paused here: an update of an update; look further back.
-        return None
+                return found_task
+            if len(paused) != 1:
+                # Several of that node paused there (which one is unclear), or none: an
+                # update of an update, to look further back past.
+                if paused:
+                    return found_task
+                continue
+            # That task went on with an earlier one if its checkpoint is an update too.
+            found_task = paused.pop()
+        return found_task
 
     def _get_tuple(self, config: RunnableConfig) -> Operation[CheckpointTuple | None]:
         conf = config["configurable"]
