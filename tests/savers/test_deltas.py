@@ -10,6 +10,8 @@ import json
 import operator
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Annotated, Any, Generic, TypedDict, TypeVar
 
 import ormsgpack
@@ -94,6 +96,10 @@ def test_window_shift_matches_items_by_type_and_contents_as_they_were() -> None:
     assert shift([1, 2, 3], [2.0, 3.0], 2) is None  # 2 == 2.0, but not the same value
     todos = [{"n": i} for i in range(3)]
     assert shift(todos, [{"n": 1}, {"n": 2}], 2) == 1
+    floats = [i + 0.5 for i in range(3)]  # compared by identity: the same objects
+    assert shift(floats, [*floats[1:], 9.5], 2) == 1
+    scored = [AIMessage(f"a{i}", id=f"a{i}", score=i) for i in range(3)]
+    assert shift(scored, [m.model_copy() for m in scored[1:]], 2) == 1
 
 
 class Uncomparable:
@@ -133,6 +139,13 @@ class Task(Generic[T]):
         # equal values of other types: 1 == 1.0 == True
         ("ints", "floats"),
         ("floats", "bools"),
+        # equal values of one type, stored differently: the same instants in another
+        # zone, another precision, another sign
+        ("times", "times elsewhere"),
+        ("decimals", "decimals, more digits"),
+        ("zeros", "negative zeros"),
+        # new messages equal to the old ones but for an extra field
+        ("scored", "scored again"),
     ],
 )
 def test_an_item_changed_in_place_or_equal_but_not_the_same_is_no_delta(
@@ -148,6 +161,16 @@ def test_an_item_changed_in_place_or_equal_but_not_the_same_is_no_delta(
         "floats": [1.0] * 10,
         "bools": [True] * 10,
         "tasks": tasks,
+        "times": [datetime(2026, 1, 1, i, tzinfo=timezone.utc) for i in range(10)],
+        "times elsewhere": [
+            datetime(2026, 1, 1, i + 1, tzinfo=timezone(timedelta(hours=1))) for i in range(10)
+        ],
+        "decimals": [Decimal(i) for i in range(10)],
+        "decimals, more digits": [Decimal(f"{i}.000") for i in range(10)],
+        "zeros": [0.0] * 10,
+        "negative zeros": [-0.0] * 10,
+        "scored": [AIMessage(f"a{i}", id=f"a{i}", score=0.1) for i in range(10)],
+        "scored again": [AIMessage(f"a{i}", id=f"a{i}", score=0.9) for i in range(10)],
     }
     deltas = ListDeltas()
     key = ("t", "", "items")
@@ -781,6 +804,56 @@ async def test_items_a_node_changed_in_place_read_back_changed(
     for state in seen:
         assert state.values["todos"][0] == {"n": 0, "done": True}
         assert [m.content for m in state.values["messages"]][-2:] == ["draft 8", "REDACTED"]
+
+
+class Rated(TypedDict, total=False):
+    messages: Annotated[list[BaseMessage], add_messages]
+    times: list[datetime]
+
+
+def rating_graph() -> StateGraph[Rated]:
+    """``draft`` writes 10 messages and 10 times; ``rate`` replaces the last message
+    (by id, as add_messages does) with a new one that differs only in an extra field,
+    and the times with the same instants written in another zone."""
+
+    def draft(state: Rated) -> Rated:
+        return {
+            "messages": [AIMessage(f"draft {i}", id=f"a{i}", confidence=0.1) for i in range(10)],
+            "times": [datetime(2026, 1, 1, i, tzinfo=timezone.utc) for i in range(10)],
+        }
+
+    def rate(state: Rated) -> Rated:
+        cet = timezone(timedelta(hours=1))
+        return {
+            "messages": [AIMessage("draft 9", id="a9", confidence=0.9)],
+            "times": [t.astimezone(cet) for t in state["times"]],
+        }
+
+    builder = StateGraph(Rated)
+    builder.add_node("draft", draft)
+    builder.add_node("rate", rate)
+    builder.add_edge(START, "draft")
+    builder.add_edge("draft", "rate")
+    builder.add_edge("rate", END)
+    return builder
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_items_replaced_by_equal_ones_stored_differently_read_back_as_replaced(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """An item was unchanged if == to the one remembered: a message replaced by one that
+    differs only in an extra field (kept out of its __dict__), or a time by the same
+    instant in another zone, read back as the old one (the official savers store the
+    new ones)."""
+    config = {"configurable": {"thread_id": "t1"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        graph = rating_graph().compile(checkpointer=saver)
+        await call(graph, "invoke", kind, {"messages": []}, config, durability="sync")
+        state = await call(graph, "get_state", kind, config)
+    assert state.values["messages"][-1].model_dump()["confidence"] == 0.9
+    offsets = {t.utcoffset() for t in state.values["times"]}
+    assert offsets == {timedelta(hours=1)}
 
 
 class Tools(TypedDict, total=False):

@@ -17,11 +17,14 @@ whatever the length, and the chain stays a small part of a read (on the benchmar
 machine a 200-message version reads in 1.1-1.3 ms, each delta adding about 5 µs).
 
 The saver remembers, per (thread, namespace, channel), the latest version it wrote in this
-process: each item's type and a shallow copy of what it holds (a message's fields, a
-dict's entries), as they were when stored. An item is unchanged if its type and those
-are equal now: a graph may change an item in place (a message's content, a dict's key)
-and hand back the very same object, and 1, 1.0 and True are equal but are not the same
-value; a thread read back from the database (the next turn of a chat) holds equal copies.
+process: each item's type and a shallow copy of what it holds (a message's fields and
+extra fields, a dict's entries), as they were when stored. An item is unchanged if its
+type and those are equal now: a graph may change an item in place (a message's content,
+a dict's key) and hand back the very same object, and 1, 1.0 and True are equal but are
+not the same value; a thread read back from the database (the next turn of a chat) holds
+equal copies. Strings, ints, bools, bytes and None are compared by value; any other item
+that is not a dict, a list or a model (a float, a datetime, a tuple) by identity, since
+``==`` is not exact for them (``-0.0 == 0.0``).
 Comparing whole serialized items would cost every put the serialization of the whole
 list, which deltas are there to avoid; a change made in place deeper inside an item
 (appending to a message's list of tool calls) is not seen: hand back a new object for
@@ -86,10 +89,18 @@ class _Latest:
 
 
 # What an item of a type holds, for comparing it with what it held when stored:
-_SAME = 0  # the item itself, compared by == (str, int, tuple... any other object)
+_SAME = 0  # the item itself, compared by ==, which is exact for these (str, int, None...)
 _ENTRIES = 1  # a dict's or a list's entries
 _FIELDS = 2  # a pydantic model's or a dataclass's fields (its __dict__): a message's
+_MODEL = 3  # a pydantic model that allows extra fields (a message): its fields and extras
+# Any other item (a float, a datetime, a Decimal, a tuple) is compared by identity: == takes
+# -0.0 for 0.0, a time for the same instant in another zone, Decimal("4.0") for
+# Decimal("4"), which are stored differently.
+_OTHER = 4
+_EXACT = frozenset({str, int, bool, bytes, type(None)})
 _KINDS: dict[type, int] = {}
+# Where a model's extra fields go in its state: no field name is a tuple.
+_EXTRA_KEY = ("__pydantic_extra__",)
 
 
 def _kind(kind: type) -> int:
@@ -97,35 +108,75 @@ def _kind(kind: type) -> int:
     if found is None:
         if kind is dict or kind is list:
             found = _ENTRIES
-        elif issubclass(kind, BaseModel) or (
+        elif issubclass(kind, BaseModel):
+            found = _MODEL if kind.model_config.get("extra") == "allow" else _FIELDS
+        elif dataclasses.is_dataclass(kind) and getattr(kind, "__dictoffset__", 0) != 0:
             # Instances with a __dict__ (a class's __slots__ may be inherited, from
             # Generic or ABC, while its instances still have one).
-            dataclasses.is_dataclass(kind) and getattr(kind, "__dictoffset__", 0) != 0
-        ):
             found = _FIELDS
         else:
-            found = _SAME
+            found = _SAME if kind in _EXACT else _OTHER
         _KINDS[kind] = found
     return found
 
 
+class _Ident:
+    """An item compared by identity (see ``_OTHER``); holding it keeps its id unique."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Ident and other.item is self.item
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 _DICT_OF = operator.attrgetter("__dict__")
+_EXTRA_OF = operator.attrgetter("__pydantic_extra__")
+
+
+def _with_extras(item: Any) -> Any:
+    """A model's state: its ``__dict__``, or a copy with its extra fields too."""
+    extra = item.__pydantic_extra__
+    if not extra:
+        return item.__dict__
+    state = dict(item.__dict__)
+    state[_EXTRA_KEY] = dict(extra)
+    return state
+
+
+def _state(item: Any) -> Any:
+    kind = _kind(type(item))
+    if kind == _FIELDS:
+        return item.__dict__
+    if kind == _MODEL:
+        return _with_extras(item)
+    return _Ident(item) if kind == _OTHER else item
 
 
 def states_of(items: Sequence[Any], types: Sequence[type]) -> list[Any]:
     """What each item holds now, not copied: a dict or list itself, a model's
-    ``__dict__``, or the item (see :func:`snapshot`)."""
+    ``__dict__`` (with its extra fields, if it has any), the item, or the item to be
+    compared by identity (see :func:`snapshot`)."""
     kinds = {_kind(kind) for kind in set(types)}
-    if kinds == {_FIELDS}:  # a list of messages
+    if kinds == {_MODEL}:  # a list of messages
+        states = list(map(_DICT_OF, items))
+        if any(map(_EXTRA_OF, items)):
+            return list(map(_with_extras, items))
+        return states
+    if kinds == {_FIELDS}:
         return list(map(_DICT_OF, items))
-    if _FIELDS not in kinds:
+    if kinds <= {_SAME, _ENTRIES}:
         return list(items)
-    return [item.__dict__ if _kind(type(item)) == _FIELDS else item for item in items]
+    return list(map(_state, items))
 
 
 def snapshot(state: Any, kind: type) -> Any:
     """A shallow copy of a state from :func:`states_of`, kept to compare with later."""
-    return state if _kind(kind) == _SAME else state.copy()
+    return state if _kind(kind) in (_SAME, _OTHER) else state.copy()
 
 
 def window_shift(
