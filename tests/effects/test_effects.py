@@ -569,6 +569,91 @@ async def test_a_call_counts_only_its_own_questions_not_a_sibling_tools(
     assert (step.status, step.interrupts) == ("completed", 0)
 
 
+@parametrize_kinds
+async def test_tools_that_invoke_a_wrapped_tool_side_by_side_replay_their_own_results(
+    kind: str, saver: Any
+) -> None:
+    """Two checkout tool calls of one ToolNode step each invoke the wrapped charge tool;
+    a third asks a human. The charge runs had no tool-call id of their own (only the
+    checkouts have one), so they were keyed by the order they started in: c2's charge
+    started first at the first run, c1's at the resume, and c1 replayed c2's charge."""
+    charges: list[int] = []
+    first_run = [True]
+
+    def delay(amount: int) -> float:
+        # c1 (amount 1) is the slower one at the first run, the faster one at the resume.
+        return 0.2 if (amount == 1) == first_run[0] else 0.0
+
+    if is_async(kind):
+
+        @tool
+        @side_effect
+        async def charge(amount: int) -> str:
+            """Charge the card."""
+            charges.append(amount)
+            return f"charged {amount}"
+
+        @tool
+        async def checkout(amount: int) -> str:
+            """Check out."""
+            await asyncio.sleep(delay(amount))
+            return str(await charge.ainvoke({"amount": amount}))
+
+        @tool
+        async def approve(what: str) -> str:
+            """Ask a human."""
+            await asyncio.sleep(0.3)
+            return f"approved={interrupt(f'approve {what}?')}"
+
+    else:
+
+        @tool
+        @side_effect
+        def charge(amount: int) -> str:  # type: ignore[misc]
+            """Charge the card."""
+            charges.append(amount)
+            return f"charged {amount}"
+
+        @tool
+        def checkout(amount: int) -> str:  # type: ignore[misc]
+            """Check out."""
+            time.sleep(delay(amount))
+            return str(charge.invoke({"amount": amount}))
+
+        @tool
+        def approve(what: str) -> str:  # type: ignore[misc]
+            """Ask a human."""
+            time.sleep(0.3)
+            return f"approved={interrupt(f'approve {what}?')}"
+
+    asking = tool_call_message(
+        ("checkout", {"amount": 1}, "c1"),
+        ("checkout", {"amount": 2}, "c2"),
+        ("approve", {"what": "order"}, "c3"),
+    )
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [asking]})
+    builder.add_node("tools", ToolNode([checkout, approve], handle_tool_errors=False))
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "tools")
+    builder.add_edge("tools", END)
+    graph = builder.compile(checkpointer=saver)
+
+    paused = await call(graph, "invoke", kind, {"messages": []}, config("t1"))
+    assert [i.value for i in paused["__interrupt__"]] == ["approve order?"]
+    assert charges == [2, 1]
+    first_run[0] = False
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+    answers = {m.tool_call_id: m.content for m in final["messages"] if isinstance(m, ToolMessage)}
+    assert answers == {"c1": "charged 1", "c2": "charged 2", "c3": "approved=yes"}
+    assert charges == [2, 1]  # replayed, not run again
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert sorted(step.step_key.rpartition("|")[2] for step in steps) == [
+        "tool:charge@c1#0",
+        "tool:charge@c2#0",
+    ]
+
+
 class Looped(TypedDict, total=False):
     out: Annotated[list[Any], operator.add]
     n: int

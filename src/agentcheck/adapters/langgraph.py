@@ -60,6 +60,9 @@ class _ToolCallIds(BaseCallbackHandler):
 
     LangChain gives a tool's callbacks the model's tool-call id but not the tool's
     function; a wrapped function finds its own through the run id of its parent run.
+    A run started inside a tool run (a tool the tool invokes, a chain it runs) has the
+    tool's id too: calls made inside two tool calls that run side by side are keyed
+    apart by it, not by the order they happen to start in.
     """
 
     run_inline = True
@@ -84,11 +87,17 @@ class _ToolCallIds(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         tool_call_id = kwargs.get("tool_call_id")
+        parent = kwargs.get("parent_run_id")
+        if not tool_call_id and parent is not None:  # a tool invoked inside a tool call
+            tool_call_id = self.ids.get(parent)
         if tool_call_id:
-            with self.lock:
-                self.ids[run_id] = str(tool_call_id)
-                while len(self.ids) > self.size:
-                    self.ids.popitem(last=False)
+            self._remember(run_id, str(tool_call_id))
+
+    def _remember(self, run_id: UUID, tool_call_id: str) -> None:
+        with self.lock:
+            self.ids[run_id] = tool_call_id
+            while len(self.ids) > self.size:
+                self.ids.popitem(last=False)
 
     def on_chain_start(
         self,
@@ -97,8 +106,13 @@ class _ToolCallIds(BaseCallbackHandler):
         *,
         run_id: UUID,
         metadata: dict[str, Any] | None = None,
+        parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
+        if parent_run_id is not None:
+            inherited = self.ids.get(parent_run_id)
+            if inherited is not None:
+                self._remember(run_id, inherited)
         # A task's callback metadata carries its namespace, "node:task_id" last. (Task
         # ids hold no ':'; a functional API @task's name may hold '|' or ':'.)
         ns = (metadata or {}).get("langgraph_checkpoint_ns")
@@ -111,6 +125,14 @@ class _ToolCallIds(BaseCallbackHandler):
     def _forget(self, run_id: UUID) -> None:
         with self.lock:
             self.ids.pop(run_id, None)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        if run_id in self.ids:  # a chain run inside a tool run
+            self._forget(run_id)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        if run_id in self.ids:
+            self._forget(run_id)
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._forget(run_id)
