@@ -135,13 +135,24 @@ class CallContext:
     position: tuple[str, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def next_key(self, kind: str, name: str) -> str:
-        """The step key of the next call of ``name`` here: by call id, else by ordinal."""
+    def take_ordinal(self, kind: str, name: str) -> tuple[str, int]:
+        """The next call of ``name`` here: its call id (if any) and its ordinal. Taken as
+        the call starts, before any I/O, so that calls started one after another (in one
+        thread, or by ``asyncio.gather``) are numbered in that order, however their I/O
+        then interleaves."""
         base = f"{kind}:{name}" + (f"@{self.call_id}" if self.call_id else "")
         with self.lock:
             n = self.counters.get(base, 0)
             self.counters[base] = n + 1
-        return f"{self.key_prefix}|{base}#{n}"
+        return base, n
+
+    def key_at(self, ordinal: tuple[str, int]) -> str:
+        """The step key of a call given its :meth:`take_ordinal`."""
+        return f"{self.key_prefix}|{ordinal[0]}#{ordinal[1]}"
+
+    def next_key(self, kind: str, name: str) -> str:
+        """The step key of the next call of ``name`` here: by call id, else by ordinal."""
+        return self.key_at(self.take_ordinal(kind, name))
 
 
 Resolver = Callable[[], "CallContext | None"]
@@ -301,9 +312,13 @@ def note_interrupt() -> None:
 
 
 def protocol(
-    spec: EffectSpec, ctx: CallContext, args: Any
+    spec: EffectSpec, ctx: CallContext, args: Any, ordinal: tuple[str, int] | None = None
 ) -> Generator[Action, Any, tuple[Any, str]]:
     """The ledger protocol of one call. Yields actions; a driver performs them.
+
+    ``ordinal``: the call's :meth:`CallContext.take_ordinal`, when it was taken where the
+    call started (a model call, before LangChain's callbacks); else it is taken as the
+    protocol starts.
 
     Returns ``(result, idempotency_key)``. The driver performs ``_CALL`` by running the
     wrapped function (and throws its exception back in).
@@ -317,7 +332,7 @@ def protocol(
     outer = _asked.get()
     token = _asked.set(tally)
     try:
-        return (yield from _protocol(spec, ctx, args, tally if counted else None))
+        return (yield from _protocol(spec, ctx, args, tally if counted else None, ordinal))
     finally:
         try:
             _asked.reset(token)
@@ -328,13 +343,20 @@ def protocol(
 
 
 def _protocol(
-    spec: EffectSpec, ctx: CallContext, args: Any, asked: list[int] | None
+    spec: EffectSpec,
+    ctx: CallContext,
+    args: Any,
+    asked: list[int] | None,
+    ordinal: tuple[str, int] | None,
 ) -> Generator[Action, Any, tuple[Any, str]]:
     ops = ctx.journal.ops
+    # Before the first I/O (finding a resumed task's prefix is one), which calls started
+    # together (asyncio.gather) may finish in any order.
+    ordinal = ordinal or ctx.take_ordinal(spec.kind, spec.name)
     if ctx.resolve_prefix is not None:
         ctx.key_prefix = yield _Db(ctx.resolve_prefix)
         ctx.resolve_prefix = None
-    step_key = ctx.next_key(spec.kind, spec.name)
+    step_key = ctx.key_at(ordinal)
     key = idempotency_key_for(ctx.scope, step_key)
     run_id = ctx.run_id or ctx.scope
     owner = new_owner()

@@ -30,8 +30,11 @@ from typing import Annotated, Any
 
 import psycopg
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableBinding, RunnableLambda
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -53,7 +56,15 @@ from agentcheck import (
 )
 from agentcheck.adapters.langgraph import durable_model
 from agentcheck.backends.base import Query
-from agentcheck.effects import _AttemptRegistry, attempt_counters
+from agentcheck.effects import (
+    CallContext,
+    Done,
+    EffectSpec,
+    ProtocolRun,
+    _AttemptRegistry,
+    attempt_counters,
+    protocol,
+)
 from agentcheck.journal import Event, Step
 from agentcheck.savers import SqliteSaver
 from fake_models import ScriptedChatModel, tool_call_message
@@ -2073,6 +2084,107 @@ def test_a_relaxed_write_inside_the_callers_postgres_transaction_is_not_relaxed(
             assert saver.run_op(lambda: commit_setting(1), True, durable=False) == "on"
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
         assert conn.execute("SELECT count(*) FROM notes").fetchone() == (1,)
+
+
+class Echo(BaseChatModel):
+    """Answers "answer to <the prompt's last text>"; counts its calls."""
+
+    calls: list[str] = []
+
+    @property
+    def _llm_type(self) -> str:
+        return "echo"
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        prompt = str(messages[-1].content)
+        self.calls.append(prompt)
+        return ChatResult(generations=[ChatGeneration(message=AIMessage(f"answer to {prompt}"))])
+
+
+class Jitter(BaseCallbackHandler):
+    """A tracing handler that holds each model call back before it starts, longest for
+    the first prompt at the first run and for the last one at the resume: the calls
+    reach the model in the opposite orders (LangChain runs a sync handler in a thread
+    pool for an async call; a batch's calls run in threads)."""
+
+    def __init__(self, prompts: list[str]) -> None:
+        self.prompts = prompts
+        self.first_run = True
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        i = self.prompts.index(str(messages[0][-1].content))
+        time.sleep(0.05 * (len(self.prompts) - 1 - i if self.first_run else i))
+
+
+@pytest.mark.parametrize(
+    ("kind", "how"),
+    [(kind, "batch") for kind in KINDS] + [(kind, "gather") for kind in ASYNC_KINDS],
+)
+async def test_model_calls_made_together_replay_each_its_own_answer(
+    kind: str, saver: Any, how: str
+) -> None:
+    """A node asks the model three prompts at once (batch, or asyncio.gather of ainvoke),
+    then interrupts. The calls were numbered in the order they reached the model, which
+    a tracing handler (or the threads of a batch) can turn around: the resume handed
+    each prompt another prompt's recorded answer."""
+    prompts = ["A", "B", "C"]
+    inner = Echo(calls=[])
+    model = durable_model(inner)
+    jitter = Jitter(prompts)
+
+    def after(answers: list[Any]) -> dict[str, Any]:
+        return {"out": [a.content for a in answers] + [interrupt("go on?")]}
+
+    if is_async(kind):
+
+        async def node(state: Log) -> dict[str, Any]:
+            if how == "batch":
+                return after(await model.abatch(prompts))
+            return after(await asyncio.gather(*(model.ainvoke(p) for p in prompts)))
+
+    else:
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            return after(model.batch(prompts))
+
+    graph = one_node_graph(node, saver)
+    run_config = {**config("t1"), "callbacks": [jitter]}
+    await call(graph, "invoke", kind, {"out": []}, run_config)
+    assert inner.calls == ["C", "B", "A"]  # they reached the model in reverse
+    jitter.first_run = False
+    final = await call(graph, "invoke", kind, Command(resume="yes"), run_config)
+    assert inner.calls == ["C", "B", "A"]  # each paid for once
+    assert final["out"] == ["answer to A", "answer to B", "answer to C", "yes"]
+
+
+def test_calls_started_together_are_numbered_in_the_order_they_started(tmp_path: Path) -> None:
+    """Three calls of a resumed task start together (asyncio.gather), and each first
+    looks up its task's key prefix: they were numbered after that look-up, in the order
+    it answered them, so the resume could swap their recorded results."""
+    spec = EffectSpec(name="charge", effect="side_effect", on_unknown="raise", reconcile=None)
+    counters: dict[str, int] = {}
+
+    def prefix() -> Iterator[Any]:
+        return "p"
+        yield  # a journal operation with no statement
+
+    with SqliteSaver.from_conn_string(str(tmp_path / "j.db")) as saver:
+        runs = []
+        for amount in (1, 2, 3):
+            ctx = CallContext(
+                journal=saver.journal, scope="s", key_prefix="", counters=counters,
+                resolve_prefix=prefix,
+            )  # fmt: skip
+            run = ProtocolRun(protocol(spec, ctx, {"amount": amount}), ctx, spec)
+            assert isinstance(run._next(None, None).make_op, type(prefix))  # the look-up
+            runs.append(run)
+        for amount, run in reversed(list(zip((1, 2, 3), runs, strict=True))):  # answered
+            run.to_call(value="p")  # claims its step, up to the call
+            assert run.to_call(value=f"charged {amount}") == Done(f"charged {amount}")
+        steps = {s.step_key: s.args for s in saver.journal.steps(scope="s")}
+    assert steps == {f"p|tool:charge#{i}": {"amount": i + 1} for i in range(3)}
 
 
 # --------------------------------------------------------------------------- 8. unprotected

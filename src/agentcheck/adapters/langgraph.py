@@ -28,7 +28,8 @@ from langchain_core.callbacks.manager import (
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableBinding
+from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
+from langchain_core.runnables.config import get_config_list, patch_config
 from langchain_core.tracers.context import register_configure_hook
 from langgraph.config import get_config
 from langgraph.errors import GraphBubbleUp
@@ -344,6 +345,24 @@ def _usage(recorded: Any) -> tuple[int | None, int | None]:
     return tin, tout
 
 
+# A model call's ordinal (CallContext.take_ordinal), taken where the call starts: in
+# invoke or ainvoke, before LangChain's callbacks run (an async handler, or a sync one
+# LangChain runs in a thread pool, lets calls started together by asyncio.gather reach
+# _generate in another order), or by batch for each input (whose calls run in threads).
+_reserved: ContextVar[tuple[str, int] | None] = ContextVar("agentcheck_model_ordinal", default=None)
+# Where batch hands each input's ordinal to invoke ("__": kept out of tracing metadata).
+_ORDINAL_KEY = "__agentcheck_model_ordinal"
+
+
+def _take_reserved() -> tuple[str, int] | None:
+    """The ordinal reserved for this call, once: a second model call under the same
+    invoke (none is expected) takes its own."""
+    ordinal = _reserved.get()
+    if ordinal is not None:
+        _reserved.set(None)
+    return ordinal
+
+
 class DurableChatModel(BaseChatModel):
     """A chat model whose calls are journaled and, when a task runs again, replayed.
 
@@ -396,7 +415,84 @@ class DurableChatModel(BaseChatModel):
             if self.record_prompt
             else {"messages": len(messages), "last": messages[-1] if messages else None}
         )
-        return protocol(self._spec(), ctx, args)
+        return protocol(self._spec(), ctx, args, _take_reserved())
+
+    def _reserve(self, config: RunnableConfig | None) -> Any:
+        """Take this call's ordinal now (or the one batch took for it): the token to
+        reset, or None outside a journaled graph."""
+        ordinal = ((config or {}).get("configurable") or {}).get(_ORDINAL_KEY)
+        if ordinal is None:
+            ctx = resolve_context()
+            if ctx is None:
+                return None
+            spec = self._spec()
+            ordinal = ctx.take_ordinal(spec.kind, spec.name)
+        return _reserved.set((str(ordinal[0]), int(ordinal[1])))
+
+    def _reserve_each(
+        self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None
+    ) -> Any:
+        """The configs of a batch, each with its input's ordinal, taken in input order."""
+        ctx = resolve_context()
+        if ctx is None or not inputs:
+            return config
+        spec = self._spec()
+        return [
+            patch_config(c, configurable={_ORDINAL_KEY: ctx.take_ordinal(spec.kind, spec.name)})
+            for c in get_config_list(config, len(inputs))
+        ]
+
+    def invoke(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        token = self._reserve(config)
+        try:
+            return super().invoke(input, config, stop=stop, **kwargs)
+        finally:
+            if token is not None:
+                _reserved.reset(token)
+
+    async def ainvoke(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AIMessage:
+        token = self._reserve(config)  # before the first await: in the order of the calls
+        try:
+            return await super().ainvoke(input, config, stop=stop, **kwargs)
+        finally:
+            if token is not None:
+                _reserved.reset(token)
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:
+        configs = self._reserve_each(inputs, config)
+        return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+
+    async def abatch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[AIMessage]:
+        configs = self._reserve_each(inputs, config)
+        return await super().abatch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
 
     def _generate(
         self,
