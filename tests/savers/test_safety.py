@@ -302,11 +302,31 @@ CORRUPT_TARGETS = {
 }
 
 
-@pytest.mark.parametrize("target", sorted(CORRUPT_TARGETS))
+# Bytes that decode, to something that is not a checkpoint's or metadata's mapping.
+NOT_A_MAPPING = {
+    "an int": b"\x05",
+    "a list": b"\x91\x01",
+    "versions not a mapping": ormsgpack.packb({"channel_versions": 5}),
+}
+CORRUPT_CASES = [(target, "garbage", GARBAGE) for target in sorted(CORRUPT_TARGETS)] + [
+    (target, name, payload)
+    for target in ("checkpoint", "metadata")
+    for name, payload in NOT_A_MAPPING.items()
+    if target == "checkpoint" or name != "versions not a mapping"
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "payload"),
+    [pytest.param(t, p, id=f"{t}-{n}") for t, n, p in CORRUPT_CASES],
+)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_corrupt_row_raises_corrupt_data_error_and_other_threads_stay_readable(
-    kind: str, target: str, sqlite_path: str, pg_url: str
+    kind: str, target: str, payload: bytes, sqlite_path: str, pg_url: str
 ) -> None:
+    """A row that cannot be read, or that decodes to what a checkpoint or its metadata
+    cannot be (which raised AttributeError, naming nothing), is reported as corrupt, with
+    its thread and checkpoint; the other threads read as before."""
     broken_thread = f"broken-{uuid.uuid4()}"
     healthy_thread = f"healthy-{uuid.uuid4()}"
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
@@ -326,7 +346,7 @@ async def test_corrupt_row_raises_corrupt_data_error_and_other_threads_stay_read
             sqlite_path,
             pg_url,
             CORRUPT_TARGETS[target] + " RETURNING thread_id",
-            (GARBAGE, broken_thread),
+            (payload, broken_thread),
         )
         assert changed == [(broken_thread,)]
 

@@ -312,6 +312,21 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         except Exception as exc:
             raise _unreadable(what, cfg, exc) from exc
 
+    def _load_checkpoint(self, type_: str, data: Any, key: tuple[str, str, str]) -> Any:
+        """A stored checkpoint (without its values), checked to have a checkpoint's shape:
+        a row that decodes to something else is as unreadable as one that does not."""
+        rest = self._load(type_, data, "the checkpoint", key)
+        if type(rest) is not dict:
+            raise _unreadable(
+                "the checkpoint", key, f"it decodes to {type(rest).__name__}, not a mapping"
+            )
+        for name in ("channel_versions", "versions_seen", BASES_KEY, INLINE_KEY):
+            value = rest.get(name)
+            if value is not None and type(value) is not dict:
+                why = f"its {name} is {type(value).__name__}, not a mapping"
+                raise _unreadable("the checkpoint", key, why)
+        return rest
+
     def _rows_hook(self) -> Any:
         """The msgpack extension hook for the rows of a stored message list."""
         serde = self.serde
@@ -762,8 +777,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         ids: dict[tuple[str, str], list[str]] = {}
         for thread_id, ns, checkpoint_id, parent_id, cp_type, cp_data, m_type, m_data in rows:
             key = (thread_id, ns, checkpoint_id)
-            rest = self._load(cp_type, cp_data, "the checkpoint", key)
+            rest = self._load_checkpoint(cp_type, cp_data, key)
             meta = self._load(m_type, m_data, "the metadata", key)
+            if type(meta) is not dict:
+                raise _unreadable(
+                    "the metadata", key, f"it decodes to {type(meta).__name__}, not a mapping"
+                )
             bases = rest.pop(BASES_KEY, None) or {}
             inline = rest.pop(INLINE_KEY, None) or {}
             if bases:
@@ -1027,7 +1046,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         blob_keys: dict[str, list[tuple[int, str]]] = {ch: [] for ch in channels}
         inlined: dict[tuple[str, int], Any] = {}
         for depth, (cid, _parent, cp_type, cp_data) in enumerate(ancestors):
-            rest = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid))
+            rest = self._load_checkpoint(cp_type, cp_data, (thread_id, ns, cid))
             versions = rest.get("channel_versions", {})
             inline = rest.get(INLINE_KEY) or {}
             for ch in channels:
