@@ -122,6 +122,16 @@ class _Rows:
     rows: list[Any]
 
 
+def _all_of(conditions: Sequence[str]) -> str:
+    """``a AND b AND ...``, parenthesized as a balanced tree: SQLite nests a chain of
+    ANDs one level per condition and refuses more than 1,000 levels (a filter on a large
+    mapping has a condition per value in it)."""
+    if len(conditions) <= 32:
+        return " AND ".join(conditions)
+    half = len(conditions) // 2
+    return f"({_all_of(conditions[:half])}) AND ({_all_of(conditions[half:])})"
+
+
 def _unreadable(what: str, where: tuple[str, str, str], why: object) -> CorruptDataError:
     """The error for a stored ``what`` of a checkpoint that cannot be read."""
     thread_id, ns, checkpoint_id = where
@@ -673,7 +683,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             where.append(self.sql.LIST_NOT_PENDING)
         sql = self.sql.LIST_KEYS_BY_TERM if terms else self.sql.LIST_SELECT
         if where:
-            sql += " WHERE " + " AND ".join(where)
+            sql += " WHERE " + _all_of(where)
         # A literal, not a placeholder: PostgreSQL estimates a LIMIT it cannot see as a
         # tenth of the rows, so it re-planned a filtered list at every call (120 us, more
         # than running it) rather than keep its generic plan. int() leaves nothing but
@@ -685,7 +695,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             sql = (
                 self.sql.LIST_PENDING_KEYS.format(indexed=sql)
                 + " AND "
-                + " AND ".join([self.sql.PENDING_TERM] * len(terms) + more)
+                + _all_of([self.sql.PENDING_TERM] * len(terms) + more)
             )
             sql += f" ORDER BY checkpoint_id DESC{limited}"
             params += [self.sql.pending_term(term) for term in terms] + more_params
@@ -745,10 +755,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         rare = [t for t in terms if t not in frequency]
         counts: dict[str, int] = {}
         if len(rare) > 1:
-            rows = yield Query(
-                "SELECT " + ", ".join([self.sql.TERM_COUNT] * len(rare)), rare, fetch=True
+            # A column per term, at most 500 a statement (SQLite allows 2,000 columns).
+            parts = [rare[i : i + 500] for i in range(0, len(rare), 500)]
+            count = self.sql.TERM_COUNT
+            answers = yield from batch(
+                [Query("SELECT " + ", ".join([count] * len(p)), p, fetch=True) for p in parts]
             )
-            counts = dict(zip(rare, rows[0], strict=True))
+            for part, rows in zip(parts, answers, strict=True):
+                counts.update(zip(part, rows[0], strict=True))
         # Ties (both past the count's cap): LangGraph's own keys with few values last.
         return sorted(
             terms,
