@@ -642,9 +642,10 @@ async def test_a_sliding_window_reads_back_and_builds_only_the_messages_it_holds
                     [got.checkpoint["channel_values"], got.pending_writes]
                 )
             # Listing them all builds each stored row once: the versions built from one
-            # snapshot share their messages.
+            # snapshot share their messages. (Within a page of the list, see ListPages: a
+            # limit makes it one page.)
             before = len(revived)
-            listed = await collect(fresh, "list", kind, config)
+            listed = await collect(fresh, "list", kind, config, limit=len(written))
             windows = [t.checkpoint["channel_values"].get("messages", []) for t in listed]
             assert windows == [written[t.config["configurable"]["checkpoint_id"]] for t in listed]
             assert len({id(m) for window in windows for m in window}) == rows

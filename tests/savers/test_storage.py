@@ -20,7 +20,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 
-from agentcheck import generate_key
+from agentcheck import CorruptDataError, generate_key
 from agentcheck.backends import postgres as pg_backend
 from agentcheck.backends.base import SQL, Later, OnCommit, Query, batch, drive
 from agentcheck.backends.postgres import PostgresSQL
@@ -1075,6 +1075,79 @@ async def test_a_filter_with_thousands_of_values_is_answered(
         await call(saver, "put", kind, config, generate_checkpoint(), {"n": 1}, {})
     found = await collect(saver, "list", kind, None, filter=wanted)
     assert [t.config["configurable"]["thread_id"] for t in found] == ["wanted"]
+
+
+def _keys(tuples: list[Any]) -> list[tuple[str, str, str]]:
+    return [
+        (t.config["configurable"]["thread_id"], t.config["configurable"]["checkpoint_ns"],
+         t.config["configurable"]["checkpoint_id"])
+        for t in tuples
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_long_list_is_read_a_page_at_a_time_newest_first(kind: str, saver: Any) -> None:
+    """A list without a limit is read in pages (16 checkpoints, then 64, 256...), each
+    handed out before the next is read: the first checkpoints of a long history come
+    after one small read, not after reading and decoding all of it. Pages of a list
+    across threads that hold the same checkpoint ids (copies) hand out each once."""
+    config: Any = {"configurable": {"thread_id": "a", "checkpoint_ns": ""}}
+    for step in range(100):
+        config = await call(saver, "put", kind, config, generate_checkpoint(), {"step": step}, {})
+    await call(saver, "copy_thread", kind, "a", "b")
+    whole = _keys(await collect(saver, "list", kind, None, limit=1_000))  # one page
+    assert len(whole) == len(set(whole)) == 200
+
+    reads: list[int] = []
+    read_page = saver._list
+
+    def counted(*args: Any) -> Any:
+        reads.append(args[3])  # the rows asked for
+        return read_page(*args)
+
+    saver._list = counted
+    if is_async(kind):
+        newest = await saver.alist({"configurable": {"thread_id": "a"}}).__anext__()
+    else:
+        newest = next(iter(saver.list({"configurable": {"thread_id": "a"}})))
+    assert newest.metadata["step"] == 99
+    assert reads == [16]
+    for limit in (None, 1, 16, 17, 33, 150):
+        reads.clear()
+        paged = _keys(await collect(saver, "list", kind, None, limit=limit))
+        expected = whole if limit is None else whole[:limit]
+        assert [k[2] for k in paged] == [k[2] for k in expected]  # newest first
+        # Each once (which thread's copy of an id a limit cuts between is either).
+        assert len(set(paged)) == len(paged) and set(paged) <= set(whole)
+        if limit is None:
+            # Each id is held by both threads: a page starts at the id the last one
+            # ended at and asks for the 2 rows handed out there besides its own.
+            assert reads == [16, 64 + 2, 256 + 2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_list_hands_out_the_newer_checkpoints_before_a_damaged_one(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """A damaged row 25 checkpoints back raised before any checkpoint was handed out:
+    the list read everything first. Now the first page's 16 come out, then the error."""
+    config: Any = {"configurable": {"thread_id": "a", "checkpoint_ns": ""}}
+    ids = []
+    for step in range(40):
+        config = await call(saver, "put", kind, config, generate_checkpoint(), {"step": step}, {})
+        ids.append(config["configurable"]["checkpoint_id"])
+    damaged = ids[-25]
+    sql = "UPDATE agentcheck_checkpoints SET checkpoint = ? WHERE checkpoint_id = ?"
+    raw_sql(kind, db["sqlite_path"], db["pg_url"], sql, (b"\xc1 not msgpack", damaged))
+    handed: list[Any] = []
+    with pytest.raises(CorruptDataError, match=damaged):
+        if is_async(kind):
+            async for t in saver.alist({"configurable": {"thread_id": "a"}}):
+                handed.append(t)
+        else:
+            for t in saver.list({"configurable": {"thread_id": "a"}}):
+                handed.append(t)
+    assert [t.metadata["step"] for t in handed] == list(range(39, 23, -1))
 
 
 class Color(str, enum.Enum):

@@ -122,6 +122,56 @@ class _Rows:
     rows: list[Any]
 
 
+class ListPages:
+    """The pages a list is read in, newest first: each is one operation, and the tuples
+    of one are handed out before the next is read. Without a limit the first page is
+    small (taking the newest checkpoints of a long history, ``next(get_state_history())``,
+    reads and decodes only those, and a damaged row further back does not keep the
+    newer ones from being read), and each next one larger.
+
+    A page ends at a checkpoint id and the next starts at that id again, passing over
+    the tuples already handed out (several threads may hold the same id: a copy).
+    """
+
+    FIRST, MAX = 16, 1024
+
+    def __init__(self, limit: int | None) -> None:
+        self.remaining = limit
+        self.size = self.FIRST if limit is None else min(limit, self.MAX)
+        self.until: str | None = None
+        self.seen: set[tuple[str, str, str]] = set()  # handed out, of id ``until``
+        self.done = limit is not None and limit <= 0
+
+    def request(self) -> tuple[str | None, int] | None:
+        """The next page's ``until`` and how many rows to ask for; None when done."""
+        if self.done:
+            return None
+        size = self.size if self.remaining is None else min(self.size, self.remaining)
+        return self.until, size + len(self.seen)
+
+    def take(self, tuples: list[CheckpointTuple], asked: int) -> list[CheckpointTuple]:
+        """The tuples of a page not handed out yet (at most what is left of the limit)."""
+        if len(tuples) < asked:
+            self.done = True  # nothing older
+        fresh = [t for t in tuples if _key_of(t) not in self.seen]
+        if self.remaining is not None:
+            fresh = fresh[: self.remaining]
+            self.remaining -= len(fresh)
+            self.done = self.done or self.remaining <= 0
+        if fresh:
+            last = fresh[-1].config["configurable"]["checkpoint_id"]
+            if last != self.until:
+                self.until, self.seen = last, set()
+            self.seen.update(_key_of(t) for t in fresh if _key_of(t)[2] == last)
+        self.size = min(self.size * 4, self.MAX)
+        return fresh
+
+
+def _key_of(t: CheckpointTuple) -> tuple[str, str, str]:
+    conf = t.config["configurable"]
+    return (conf["thread_id"], conf["checkpoint_ns"], conf["checkpoint_id"])
+
+
 def _all_of(conditions: Sequence[str]) -> str:
     """``a AND b AND ...``, parenthesized as a balanced tree: SQLite nests a chain of
     ANDs one level per condition and refuses more than 1,000 levels (a filter on a large
@@ -663,7 +713,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         filter: Mapping[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
+        until: str | None = None,
     ) -> Operation[list[CheckpointTuple]]:
+        """One page of a list (see :class:`ListPages`); ``until``: no checkpoint id above
+        this one."""
         terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
         if len(terms) > 1:
             terms = yield from self._rarest_first(terms)
@@ -672,7 +725,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         # pending terms, then their checkpoints are read; without one, the checkpoints
         # table is walked.
         alias = "t0" if terms else "c"
-        where, params = self._list_where(alias, config, before)
+        where, params = self._list_where(alias, config, before, until)
         if terms:
             where[:0] = [self.sql.LIST_FIRST_TERM] + [self.sql.LIST_TERM] * (len(terms) - 1)
             params[:0] = terms
@@ -691,7 +744,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         limited = "" if limit is None else f" LIMIT {int(limit)}"
         sql += f" ORDER BY {alias}.checkpoint_id DESC{limited}"
         if pending:
-            more, more_params = self._list_where("p", config, before)
+            more, more_params = self._list_where("p", config, before, until)
             sql = (
                 self.sql.LIST_PENDING_KEYS.format(indexed=sql)
                 + " AND "
@@ -709,7 +762,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
     @staticmethod
     def _list_where(
-        alias: str, config: RunnableConfig | None, before: RunnableConfig | None
+        alias: str,
+        config: RunnableConfig | None,
+        before: RunnableConfig | None,
+        until: str | None = None,
     ) -> tuple[list[str], list[Any]]:
         """A list's conditions on the keys of table ``alias``, and their parameters."""
         where: list[str] = []
@@ -728,6 +784,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if before is not None and (before_id := get_checkpoint_id(before)):
             where.append(f"{alias}.checkpoint_id < ?")
             params.append(before_id)
+        if until is not None:
+            where.append(f"{alias}.checkpoint_id <= ?")
+            params.append(until)
         return where, params
 
     _term_stats: tuple[float, dict[str, float]] | None = None

@@ -27,6 +27,7 @@ from langgraph.checkpoint.base import (
 )
 
 from agentcheck.backends.base import Operation, migrate
+from agentcheck.savers._core import ListPages
 from agentcheck.savers._retention import RetentionCore
 
 __all__ = ["AsyncSaver", "SyncSaver"]
@@ -133,8 +134,13 @@ class SyncSaver(RetentionCore):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first."""
-        yield from self._call(lambda: self._list(config, filter, before, limit), False)
+        """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first
+        (read a page at a time, see :class:`~agentcheck.savers._core.ListPages`)."""
+        pages = ListPages(limit)
+        while (page := pages.request()) is not None:
+            until, size = page
+            read = partial(self._list, config, filter, before, size, until)
+            yield from pages.take(self._call(read, False), size)
 
     def put(
         self,
@@ -330,9 +336,14 @@ class AsyncSaver(RetentionCore):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first."""
-        for item in await self._call(lambda: self._list(config, filter, before, limit), False):
-            yield item
+        """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first
+        (read a page at a time, see :class:`~agentcheck.savers._core.ListPages`)."""
+        pages = ListPages(limit)
+        while (page := pages.request()) is not None:
+            until, size = page
+            read = partial(self._list, config, filter, before, size, until)
+            for item in pages.take(await self._call(read, False), size):
+                yield item
 
     async def aput(
         self,
