@@ -516,6 +516,64 @@ async def test_two_edits_each_before_an_answer_do_not_repeat_an_effect(
 
 
 @parametrize_kinds
+async def test_an_edit_while_a_sibling_is_paused_does_not_repeat_a_finished_nodes_effect(
+    kind: str, saver: Any
+) -> None:
+    """Two nodes run side by side: one charges and finishes, the other asks a human. A
+    reviewer edits the state, then answers. LangGraph runs both nodes again as tasks of
+    the edit's checkpoint (the finished one's writes are not carried over), and the
+    finished node's charge ran a second time, under a new key."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+    builder = StateGraph(Log)
+    builder.add_node("pay", calling_node(kind, charge, (5,), lambda r: {"out": [r]}))
+    builder.add_node("ask", lambda state: {"out": [interrupt("approve?")]})
+    builder.add_edge(START, "pay")
+    builder.add_edge(START, "ask")
+    builder.add_edge("pay", END)
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    await call(graph, "update_state", kind, config("t1"), {"out": ["note"]})
+    final = await call(graph, "invoke", kind, Command(resume="approved"), config("t1"))
+
+    assert calls == [5]
+    assert sorted(map(str, final["out"])) == sorted(
+        map(str, ["note", {"charged": 5, "run": 1}, "approved"])
+    )
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.attempts) == ("completed", 1)
+
+
+@parametrize_kinds
+async def test_an_edit_of_an_older_checkpoint_is_a_fork_whose_calls_are_new(
+    kind: str, saver: Any
+) -> None:
+    """update_state on a checkpoint the run has gone on from (time travel) starts a new
+    branch: its node runs as a new task, and its calls run, under new keys. Only an edit
+    of the step a run is paused at goes on with the task that ran there."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    def after(result: Any) -> dict[str, Any]:
+        return {"out": [result, interrupt("approve?")]}
+
+    graph = one_node_graph(calling_node(kind, charge, (5,), after), saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    paused_at = (await call(graph, "get_state", kind, config("t1"))).config
+    await call(graph, "invoke", kind, Command(resume="approved"), config("t1"))
+    assert calls == [5]
+
+    fork = await call(graph, "update_state", kind, paused_at, {"out": ["retry"]})
+    forked = await call(graph, "invoke", kind, None, fork)
+    assert [i.value for i in forked["__interrupt__"]] == ["approve?"]
+    assert calls == [5, 5]
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert len({step.idempotency_key for step in steps}) == 2
+
+
+@parametrize_kinds
 async def test_a_call_counts_only_its_own_questions_not_a_sibling_tools(
     kind: str, saver: Any
 ) -> None:

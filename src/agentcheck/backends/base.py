@@ -462,6 +462,10 @@ class SQL:
         "AND checkpoint_id IN ({ids}) AND channel IN ({channels})"
     )
     # The ancestors of a checkpoint, nearest first, in one recursive query.
+    SELECT_CHILDREN = (
+        "SELECT checkpoint_id, metadata_type, metadata FROM agentcheck_checkpoints "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND parent_checkpoint_id = ?"
+    )
     SELECT_CHAIN = (
         "WITH RECURSIVE chain(checkpoint_id, parent_checkpoint_id, depth) AS ("
         "SELECT checkpoint_id, parent_checkpoint_id, 0 FROM agentcheck_checkpoints "

@@ -44,7 +44,6 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.types import INTERRUPT
 
 from agentcheck._errors import CorruptDataError
 from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
@@ -635,12 +634,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self, thread_id: str, ns: str, checkpoint_id: str, node: str
     ) -> Operation[str | None]:
         """The task that ``node`` continues at ``checkpoint_id``, if that checkpoint was
-        written by update_state while the node was paused at an interrupt: LangGraph then
-        runs the node again as a new task of the new checkpoint (a new task id), which is
-        still the paused one going on. None otherwise.
+        written by update_state over one where the node was paused at an interrupt (or
+        had finished beside a task that paused, or before a crash): LangGraph then runs
+        the node again as a new task of the new checkpoint (a new task id), which is
+        still the one that ran going on. None otherwise, and for an update of an older
+        checkpoint, from which the run had gone on (a fork: its calls are new).
 
-        The paused task may itself have gone on with an earlier one (an edit before each
-        of two answers): the chain is followed back to the task that first ran."""
+        The task may itself have gone on with an earlier one (an edit before each of two
+        answers): the chain is followed back to the task that first ran."""
         found_task: str | None = None
         for _ in range(16):  # updates made one after another
             found = yield from self._get_tuple(
@@ -655,25 +656,33 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 return found_task
             checkpoint_id = found.parent_config["configurable"]["checkpoint_id"]
             params = (thread_id, ns, checkpoint_id)
+            children = yield Query(self.sql.SELECT_CHILDREN, params, fetch=True)
+            for child_id, m_type, m_data in children:
+                meta = self._load(m_type, m_data, "the metadata", (thread_id, ns, child_id))
+                if type(meta) is dict and meta.get("source") not in OUTSIDE_EDITS:
+                    return found_task  # the run went on from there: this is a fork
             rows = yield Query(self.sql.SELECT_TASK_WRITES, params, fetch=True)
-            paused = {
-                str(task_id)
-                for task_id, channel, path in rows
-                if channel == INTERRUPT and node_name(path) == node
-            }
             # update_state(as_node=<the paused node>) writes in the paused task's name:
             # the node is done, and what runs next is a new run of it, not this one.
             updated = {str(task_id) for task_id, _, path in rows if path.startswith(UPDATE_PATH)}
-            if paused & updated:
+            # The tasks of that node that ran there: the one that paused, or one that
+            # finished beside a task that paused (LangGraph runs it again too, its writes
+            # not carried over by the update).
+            ran = {
+                str(task_id)
+                for task_id, _, path in rows
+                if node_name(path) == node and not path.startswith(UPDATE_PATH)
+            }
+            if ran & updated:
                 return found_task
-            if len(paused) != 1:
-                # Several of that node paused there (which one is unclear), or none: an
-                # update of an update, to look further back past.
-                if paused:
+            if len(ran) != 1:
+                # Several of that node ran there (Send: which one is unclear), or none:
+                # an update of an update, to look further back past.
+                if ran:
                     return found_task
                 continue
             # That task went on with an earlier one if its checkpoint is an update too.
-            found_task = paused.pop()
+            found_task = ran.pop()
         return found_task
 
     def _get_tuple(self, config: RunnableConfig) -> Operation[CheckpointTuple | None]:
