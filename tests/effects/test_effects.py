@@ -41,7 +41,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, create_react_agent
-from langgraph.types import Command, RetryPolicy, interrupt
+from langgraph.types import Command, RetryPolicy, Send, interrupt
 from pydantic import BaseModel
 from typing_extensions import TypedDict
 
@@ -544,6 +544,55 @@ async def test_an_edit_while_a_sibling_is_paused_does_not_repeat_a_finished_node
     )
     step = await only_step(saver, kind, "t1")
     assert (step.status, step.attempts) == ("completed", 1)
+
+
+@parametrize_kinds
+async def test_an_edit_while_a_send_branch_is_paused_repeats_no_branchs_effect(
+    kind: str, saver: Any
+) -> None:
+    """Three Send branches of one node each charge; the second then asks a human. A
+    reviewer edits the state, then answers. LangGraph runs all three branches again as
+    new tasks, and every charge ran a second time: the branches of one node could not be
+    told apart. Each now goes on with the branch of the same Send (its task's path)."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    def after(i: int) -> Callable[[Any], dict[str, Any]]:
+        def then(result: Any) -> dict[str, Any]:
+            answer = interrupt("approve?") if i == 1 else None
+            return {"out": [(i, result["charged"], answer)]}
+
+        return then
+
+    if is_async(kind):
+
+        async def branch(state: dict[str, Any]) -> dict[str, Any]:
+            return after(state["i"])(await charge(state["amount"]))
+
+    else:
+
+        def branch(state: dict[str, Any]) -> dict[str, Any]:  # type: ignore[misc]
+            return after(state["i"])(charge(state["amount"]))
+
+    def fan(state: Log) -> list[Send]:
+        return [Send("branch", {"i": i, "amount": 10 * (i + 1)}) for i in range(3)]
+
+    builder = StateGraph(Log)
+    builder.add_node("branch", branch)
+    builder.add_conditional_edges(START, fan)
+    builder.add_edge("branch", END)
+    graph = builder.compile(checkpointer=saver)
+
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert sorted(calls) == [10, 20, 30]
+    await call(graph, "update_state", kind, config("t1"), {"out": ["note"]})
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+
+    assert sorted(calls) == [10, 20, 30]  # none again
+    branches = sorted(tuple(x) for x in final["out"] if x != "note")
+    assert branches == [(0, 10, None), (1, 20, "yes"), (2, 30, None)]
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert sorted((s.status, s.attempts) for s in steps) == [("completed", 1)] * 3
 
 
 @parametrize_kinds

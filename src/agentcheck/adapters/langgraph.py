@@ -186,7 +186,7 @@ def langgraph_context() -> CallContext | None:
         if node and checkpoint_id:
             resolve_prefix = partial(
                 _continued_prefix, saver, str(thread_id), parent_ns, str(checkpoint_id),
-                node, str(ns), str(task_id),
+                node, str(ns), str(task_id), _task_path(config),
             )  # fmt: skip
     root_checkpoint = (conf.get("checkpoint_map") or {}).get("")
     root = root_task(str(ns))
@@ -206,9 +206,30 @@ def langgraph_context() -> CallContext | None:
     )
 
 
+# How LangGraph writes a task's path with its writes.
+_path_str: Callable[[Any], str] | None
+try:
+    from langgraph.pregel._algo import task_path_str as _lg_task_path_str
+
+    _path_str = _lg_task_path_str
+except ImportError:  # pragma: no cover - another LangGraph layout
+    _path_str = None
+
 # Key prefixes of resumed tasks, by (thread, namespace, task id): found once per task.
 _continued: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 _continued_lock = threading.Lock()
+
+
+def _task_path(config: Any) -> str | None:
+    """The running task's path as LangGraph stores it with the task's writes (from the
+    ``langgraph_path`` of its callback metadata); None if it cannot tell."""
+    path = (config.get("metadata") or {}).get("langgraph_path")
+    if not isinstance(path, (tuple, list)) or _path_str is None:
+        return None
+    try:
+        return str(_path_str(tuple(path)))
+    except Exception:  # another LangGraph's shape: look the task up by its node
+        return None
 
 
 def _continued_prefix(
@@ -219,6 +240,7 @@ def _continued_prefix(
     node: str,
     ns: str,
     task_id: str,
+    path: str | None = None,
 ) -> Generator[Any, Any, str]:
     """The key prefix of a resumed task's calls (a journal operation): that of the task
     it goes on with, when update_state was called while the node was paused at an
@@ -229,7 +251,7 @@ def _continued_prefix(
         found = _continued.get(key)
     if found is not None:
         return found
-    earlier = yield from saver._continued_task(thread_id, parent_ns, checkpoint_id, node)
+    earlier = yield from saver._continued_task(thread_id, parent_ns, checkpoint_id, node, path)
     if earlier is None:
         prefix = f"{ns}|{task_id}"
     else:

@@ -171,6 +171,27 @@ def _key_of(t: CheckpointTuple) -> tuple[str, str, str]:
     return (conf["thread_id"], conf["checkpoint_ns"], conf["checkpoint_id"])
 
 
+def _push_index(path: str | None) -> int | None:
+    """The index of a Send's task among the pending Sends, from its path
+    (``~__pregel_push, 0000000002, ...``); None for any other task."""
+    if not path:
+        return None
+    parts = [p.strip() for p in path.lstrip("~").split(",")]
+    if len(parts) >= 2 and parts[0] == "__pregel_push" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _sends_to(values: Mapping[str, Any], index: int, node: str) -> bool:
+    """Whether a checkpoint's pending Sends hold one to ``node`` at ``index``."""
+    sends = values.get("__pregel_tasks")
+    return (
+        isinstance(sends, list)
+        and index < len(sends)
+        and getattr(sends[index], "node", None) == node
+    )
+
+
 def _all_of(conditions: Sequence[str]) -> str:
     """``a AND b AND ...``, parenthesized as a balanced tree: SQLite nests a chain of
     ANDs one level per condition and refuses more than 1,000 levels (a filter on a large
@@ -631,7 +652,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
     # -- reads ----------------------------------------------------------------------
 
     def _continued_task(
-        self, thread_id: str, ns: str, checkpoint_id: str, node: str
+        self, thread_id: str, ns: str, checkpoint_id: str, node: str, path: str | None = None
     ) -> Operation[str | None]:
         """The task that ``node`` continues at ``checkpoint_id``, if that checkpoint was
         written by update_state over one where the node was paused at an interrupt (or
@@ -641,7 +662,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         checkpoint, from which the run had gone on (a fork: its calls are new).
 
         The task may itself have gone on with an earlier one (an edit before each of two
-        answers): the chain is followed back to the task that first ran."""
+        answers): the chain is followed back to the task that first ran.
+
+        ``path``: the resumed task's path (LangGraph's ``langgraph_path``, as stored with
+        writes): the task that ran there is the one of the same path, which tells apart
+        the tasks of one node that Sends made (the same Send, at the same index of the
+        pending Sends). Without it, the one task of ``node``."""
+        push = _push_index(path)
         found_task: str | None = None
         for _ in range(16):  # updates made one after another
             found = yield from self._get_tuple(
@@ -650,7 +677,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             )  # fmt: skip
             if found is None or found.metadata.get("source") not in OUTSIDE_EDITS:
                 return found_task
-            if not triggers(found.checkpoint["channel_values"], node):
+            values = found.checkpoint["channel_values"]
+            if not (triggers(values, node) if push is None else _sends_to(values, push, node)):
                 return found_task  # an update after which the node was not pending any more
             if found.parent_config is None:
                 return found_task
@@ -670,8 +698,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             # not carried over by the update).
             ran = {
                 str(task_id)
-                for task_id, _, path in rows
-                if node_name(path) == node and not path.startswith(UPDATE_PATH)
+                for task_id, _, at in rows
+                if (at == path if path else node_name(at) == node)
+                and not at.startswith(UPDATE_PATH)
             }
             if ran & updated:
                 return found_task
