@@ -96,8 +96,17 @@ def test_window_shift_matches_items_by_type_and_contents_as_they_were() -> None:
     assert shift([1, 2, 3], [2.0, 3.0], 2) is None  # 2 == 2.0, but not the same value
     todos = [{"n": i} for i in range(3)]
     assert shift(todos, [{"n": 1}, {"n": 2}], 2) == 1
-    floats = [i + 0.5 for i in range(3)]  # compared by identity: the same objects
-    assert shift(floats, [*floats[1:], 9.5], 2) == 1
+    # Floats, times, decimals: by their exact text, so copies read back still match.
+    floats = [i + 0.5 for i in range(3)]
+    assert shift(floats, [float(str(x)) for x in floats[1:]] + [9.5], 2) == 1
+    assert shift([0.0, 1.0, 2.0], [-0.0, 1.0, 2.0, 3.0], 2) is None
+    times = [datetime(2026, 1, 1, i, tzinfo=timezone.utc) for i in range(3)]
+    assert shift(times, [datetime.fromisoformat(t.isoformat()) for t in times[1:]], 2) == 1
+    elsewhere = timezone(timedelta(hours=1))
+    assert shift(times, [t.astimezone(elsewhere) for t in times[1:]], 2) is None
+    assert shift([Decimal(i) for i in range(3)], [Decimal(i) for i in range(1, 4)], 2) == 1
+    ids = [uuid.uuid4() for _ in range(3)]
+    assert shift(ids, [uuid.UUID(str(u)) for u in ids[1:]], 2) == 1
     scored = [AIMessage(f"a{i}", id=f"a{i}", score=i) for i in range(3)]
     assert shift(scored, [m.model_copy() for m in scored[1:]], 2) == 1
 

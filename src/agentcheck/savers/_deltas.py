@@ -22,9 +22,10 @@ extra fields, a dict's entries), as they were when stored. An item is unchanged 
 type and those are equal now: a graph may change an item in place (a message's content,
 a dict's key) and hand back the very same object, and 1, 1.0 and True are equal but are
 not the same value; a thread read back from the database (the next turn of a chat) holds
-equal copies. Strings, ints, bools, bytes and None are compared by value; any other item
-that is not a dict, a list or a model (a float, a datetime, a tuple) by identity, since
-``==`` is not exact for them (``-0.0 == 0.0``).
+equal copies. Strings, ints, bools, bytes, None, UUIDs and enum members are compared by
+value; floats, dates, times and decimals by their exact text (``==`` is not exact for
+them: ``-0.0 == 0.0``); any other item that is not a dict, a list or a model (a tuple,
+an object of a class of its own) by identity.
 Comparing whole serialized items would cost every put the serialization of the whole
 list, which deltas are there to avoid; a change made in place deeper inside an item
 (appending to a message's list of tool calls) is not seen: hand back a new object for
@@ -38,9 +39,13 @@ another saver (another process) may have deleted or pruned the thread.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
+import enum
 import operator
 import sys
 import threading
+import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,11 +98,21 @@ _SAME = 0  # the item itself, compared by ==, which is exact for these (str, int
 _ENTRIES = 1  # a dict's or a list's entries
 _FIELDS = 2  # a pydantic model's or a dataclass's fields (its __dict__): a message's
 _MODEL = 3  # a pydantic model that allows extra fields (a message): its fields and extras
-# Any other item (a float, a datetime, a Decimal, a tuple) is compared by identity: == takes
-# -0.0 for 0.0, a time for the same instant in another zone, Decimal("4.0") for
-# Decimal("4"), which are stored differently.
+# An item whose == is not exact (-0.0 == 0.0, a time == the same instant in another zone,
+# Decimal("4.0") == Decimal("4"), all stored differently) is compared by what is stored of
+# it (its text: float.hex, isoformat, str), so that an equal copy read back still is.
+_TEXT = 5
+# Any other item (a tuple, an object of a class of its own) is compared by identity.
 _OTHER = 4
-_EXACT = frozenset({str, int, bool, bytes, type(None)})
+_EXACT = frozenset({str, int, bool, bytes, type(None), uuid.UUID})
+_AS_TEXT: dict[type, Callable[[Any], str]] = {
+    float: float.hex,
+    datetime.datetime: datetime.datetime.isoformat,
+    datetime.date: datetime.date.isoformat,
+    datetime.time: datetime.time.isoformat,
+    datetime.timedelta: repr,
+    decimal.Decimal: str,
+}
 _KINDS: dict[type, int] = {}
 # Where a model's extra fields go in its state: no field name is a tuple.
 _EXTRA_KEY = ("__pydantic_extra__",)
@@ -114,8 +129,10 @@ def _kind(kind: type) -> int:
             # Instances with a __dict__ (a class's __slots__ may be inherited, from
             # Generic or ABC, while its instances still have one).
             found = _FIELDS
+        elif kind in _EXACT or issubclass(kind, enum.Enum):  # members are singletons
+            found = _SAME
         else:
-            found = _SAME if kind in _EXACT else _OTHER
+            found = _TEXT if kind in _AS_TEXT else _OTHER
         _KINDS[kind] = found
     return found
 
@@ -154,6 +171,8 @@ def _state(item: Any) -> Any:
         return item.__dict__
     if kind == _MODEL:
         return _with_extras(item)
+    if kind == _TEXT:
+        return _AS_TEXT[type(item)](item)
     return _Ident(item) if kind == _OTHER else item
 
 
@@ -176,7 +195,7 @@ def states_of(items: Sequence[Any], types: Sequence[type]) -> list[Any]:
 
 def snapshot(state: Any, kind: type) -> Any:
     """A shallow copy of a state from :func:`states_of`, kept to compare with later."""
-    return state if _kind(kind) in (_SAME, _OTHER) else state.copy()
+    return state if _kind(kind) in (_SAME, _OTHER, _TEXT) else state.copy()
 
 
 def window_shift(
