@@ -596,12 +596,14 @@ async def test_an_edit_while_a_send_branch_is_paused_repeats_no_branchs_effect(
 
 
 @parametrize_kinds
+@pytest.mark.parametrize("first", ["resumed", "edited, then resumed"])
 async def test_an_edit_of_an_older_checkpoint_is_a_fork_whose_calls_are_new(
-    kind: str, saver: Any
+    kind: str, saver: Any, first: str
 ) -> None:
     """update_state on a checkpoint the run has gone on from (time travel) starts a new
-    branch: its node runs as a new task, and its calls run, under new keys. Only an edit
-    of the step a run is paused at goes on with the task that ran there."""
+    branch: its node runs as a new task, and its calls run, under new keys, whether the
+    run went on from it directly or through an earlier edit of it. Only an edit of the
+    step a run is paused at goes on with the task that ran there."""
     calls: list[int] = []
     charge = charge_fn(kind, calls)
 
@@ -611,6 +613,8 @@ async def test_an_edit_of_an_older_checkpoint_is_a_fork_whose_calls_are_new(
     graph = one_node_graph(calling_node(kind, charge, (5,), after), saver)
     await call(graph, "invoke", kind, {"out": []}, config("t1"))
     paused_at = (await call(graph, "get_state", kind, config("t1"))).config
+    if first != "resumed":
+        await call(graph, "update_state", kind, config("t1"), {"out": ["first edit"]})
     await call(graph, "invoke", kind, Command(resume="approved"), config("t1"))
     assert calls == [5]
 

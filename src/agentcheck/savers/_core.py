@@ -682,13 +682,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 return found_task  # an update after which the node was not pending any more
             if found.parent_config is None:
                 return found_task
+            ours = found.config["configurable"]["checkpoint_id"]
             checkpoint_id = found.parent_config["configurable"]["checkpoint_id"]
             params = (thread_id, ns, checkpoint_id)
-            children = yield Query(self.sql.SELECT_CHILDREN, params, fetch=True)
-            for child_id, m_type, m_data in children:
-                meta = self._load(m_type, m_data, "the metadata", (thread_id, ns, child_id))
-                if type(meta) is dict and meta.get("source") not in OUTSIDE_EDITS:
-                    return found_task  # the run went on from there: this is a fork
+            if (yield from self._went_on(thread_id, ns, checkpoint_id, ours)):
+                return found_task  # the run went on from there: this is a fork
             rows = yield Query(self.sql.SELECT_TASK_WRITES, params, fetch=True)
             # update_state(as_node=<the paused node>) writes in the paused task's name:
             # the node is done, and what runs next is a new run of it, not this one.
@@ -713,6 +711,26 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             # That task went on with an earlier one if its checkpoint is an update too.
             found_task = ran.pop()
         return found_task
+
+    def _went_on(self, thread_id: str, ns: str, checkpoint_id: str, ours: str) -> Operation[bool]:
+        """Whether a run went on from ``checkpoint_id`` other than through ``ours`` (the
+        update being resumed): a step written after it, or after an update of it (an
+        earlier edit that was resumed). Looks at most 64 checkpoints down."""
+        todo, seen = [checkpoint_id], 0
+        while todo and seen < 64:
+            parent = todo.pop()
+            params = (thread_id, ns, parent)
+            for child_id, m_type, m_data in (
+                yield Query(self.sql.SELECT_CHILDREN, params, fetch=True)
+            ):
+                seen += 1
+                if child_id == ours:
+                    continue
+                meta = self._load(m_type, m_data, "the metadata", (thread_id, ns, child_id))
+                if type(meta) is not dict or meta.get("source") not in OUTSIDE_EDITS:
+                    return True
+                todo.append(child_id)
+        return False
 
     def _get_tuple(self, config: RunnableConfig) -> Operation[CheckpointTuple | None]:
         conf = config["configurable"]
