@@ -369,6 +369,39 @@ async def test_corrupt_row_raises_corrupt_data_error_and_other_threads_stay_read
         assert [t.checkpoint["id"] for t in filtered] == [checkpoints[healthy_thread]["id"]]
 
 
+@pytest.mark.parametrize("operation", ["prune", "delete_for_runs"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_prune_and_delete_for_runs_report_a_damaged_row_as_corrupt(
+    kind: str, operation: str, sqlite_path: str, pg_url: str
+) -> None:
+    """prune(keep_latest) reads the newest checkpoint's metadata, delete_for_runs the
+    checkpoints left (to keep the values they use): a row that decodes to something else
+    than a mapping raised a bare AttributeError there. It is reported as corrupt, and
+    nothing is deleted."""
+    thread = f"t-{uuid.uuid4()}"
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        cfg = generate_config(thread)
+        ids = []
+        for run in ("r0", "r1", "r2"):
+            cp = checkpoint_with({"x": [run]}, {"x": len(ids) + 1})
+            cfg = await call(kind, saver, "put", cfg, cp, {"run_id": run}, {"x": len(ids) + 1})
+            ids.append(cp["id"])
+        if operation == "prune":
+            target, args = ids[-1], ([thread],)
+            damage = "UPDATE agentcheck_checkpoints SET metadata = ? WHERE checkpoint_id = ?"
+        else:
+            target, args = ids[0], (["r2"],)
+            damage = "UPDATE agentcheck_checkpoints SET checkpoint = ? WHERE checkpoint_id = ?"
+        raw_sql(kind, sqlite_path, pg_url, damage, (b"\x93\x01\x02\x03", target))
+        with pytest.raises(CorruptDataError, match=target):
+            await call(kind, saver, operation, *args)
+        left = raw_sql(
+            kind, sqlite_path, pg_url,
+            "SELECT COUNT(*) FROM agentcheck_checkpoints WHERE thread_id = ?", (thread,),
+        )  # fmt: skip
+        assert left == [(3,)]
+
+
 # --------------------------------------------------------------------------- 4. hostile metadata
 
 HOSTILE_STRINGS = [

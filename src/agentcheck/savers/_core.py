@@ -407,6 +407,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 raise _unreadable("the checkpoint", key, why)
         return rest
 
+    def _load_metadata(self, type_: str, data: Any, key: tuple[str, str, str]) -> Any:
+        """A checkpoint's stored metadata, checked to be a mapping."""
+        meta = self._load(type_, data, "the metadata", key)
+        if type(meta) is not dict:
+            why = f"it decodes to {type(meta).__name__}, not a mapping"
+            raise _unreadable("the metadata", key, why)
+        return meta
+
     def _rows_hook(self) -> Any:
         """The msgpack extension hook for the rows of a stored message list."""
         serde = self.serde
@@ -726,8 +734,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 seen += 1
                 if child_id == ours:
                     continue
-                meta = self._load(m_type, m_data, "the metadata", (thread_id, ns, child_id))
-                if type(meta) is not dict or meta.get("source") not in OUTSIDE_EDITS:
+                meta = self._load_metadata(m_type, m_data, (thread_id, ns, child_id))
+                if meta.get("source") not in OUTSIDE_EDITS:
                     return True
                 todo.append(child_id)
         return False
@@ -907,11 +915,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         for thread_id, ns, checkpoint_id, parent_id, cp_type, cp_data, m_type, m_data in rows:
             key = (thread_id, ns, checkpoint_id)
             rest = self._load_checkpoint(cp_type, cp_data, key)
-            meta = self._load(m_type, m_data, "the metadata", key)
-            if type(meta) is not dict:
-                raise _unreadable(
-                    "the metadata", key, f"it decodes to {type(meta).__name__}, not a mapping"
-                )
+            meta = self._load_metadata(m_type, m_data, key)
             bases = rest.pop(BASES_KEY, None) or {}
             inline = rest.pop(INLINE_KEY, None) or {}
             if bases:

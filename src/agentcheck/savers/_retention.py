@@ -55,7 +55,7 @@ class RetentionCore(SaverCore):
         rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
         referenced: set[tuple[str, str]] = set()
         for cid, _parent, cp_type, cp_data, _mt, _md in rows:
-            rest = self._load(cp_type, cp_data, "the checkpoint", (thread_id, ns, cid))
+            rest = self._load_checkpoint(cp_type, cp_data, (thread_id, ns, cid))
             referenced.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
             for ch, chain in (rest.get(BASES_KEY) or {}).items():
                 referenced.update((ch, str(v)) for v in chain)
@@ -109,7 +109,7 @@ class RetentionCore(SaverCore):
         by_id = {r[0]: r for r in rows}
         latest = rows[0]
         keep = {latest[0]}
-        meta = self._load(latest[4], latest[5], "the metadata", (thread_id, ns, latest[0]))
+        meta = self._load_metadata(latest[4], latest[5], (thread_id, ns, latest[0]))
         delta_channels = set((meta or {}).get("counters_since_delta_snapshot") or {})
         if delta_channels:
             blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
@@ -118,9 +118,7 @@ class RetentionCore(SaverCore):
             cursor: tuple[Any, ...] | None = latest
             while cursor is not None and missing:
                 keep.add(cursor[0])
-                rest = self._load(
-                    cursor[2], cursor[3], "the checkpoint", (thread_id, ns, cursor[0])
-                )
+                rest = self._load_checkpoint(cursor[2], cursor[3], (thread_id, ns, cursor[0]))
                 versions = rest.get("channel_versions", {})
                 inline = rest.get(INLINE_KEY) or {}
                 missing = {
