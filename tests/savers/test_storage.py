@@ -3,6 +3,7 @@ filters answered from an index on both databases."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import operator
 import re
@@ -1126,11 +1127,14 @@ async def test_a_long_list_is_read_a_page_at_a_time_newest_first(kind: str, save
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("way", ["own", "other"])
 async def test_a_list_hands_out_the_newer_checkpoints_before_a_damaged_one(
-    kind: str, saver: Any, db: dict[str, str]
+    kind: str, saver: Any, db: dict[str, str], way: str
 ) -> None:
     """A damaged row 25 checkpoints back raised before any checkpoint was handed out:
-    the list read everything first. Now the first page's 16 come out, then the error."""
+    the list read everything first. Now the first page's 16 come out, then the error;
+    also through the other style's method (alist of a sync saver, list of an async one,
+    called from another thread)."""
     config: Any = {"configurable": {"thread_id": "a", "checkpoint_ns": ""}}
     ids = []
     for step in range(40):
@@ -1140,13 +1144,20 @@ async def test_a_list_hands_out_the_newer_checkpoints_before_a_damaged_one(
     sql = "UPDATE agentcheck_checkpoints SET checkpoint = ? WHERE checkpoint_id = ?"
     raw_sql(kind, db["sqlite_path"], db["pg_url"], sql, (b"\xc1 not msgpack", damaged))
     handed: list[Any] = []
+    thread_config = {"configurable": {"thread_id": "a"}}
+
+    def sync_list() -> None:
+        for t in saver.list(thread_config):
+            handed.append(t)
+
     with pytest.raises(CorruptDataError, match=damaged):
-        if is_async(kind):
-            async for t in saver.alist({"configurable": {"thread_id": "a"}}):
+        if is_async(kind) == (way == "own"):
+            async for t in saver.alist(thread_config):
                 handed.append(t)
+        elif is_async(kind):
+            await asyncio.to_thread(sync_list)  # not on the saver's own event loop
         else:
-            for t in saver.list({"configurable": {"thread_id": "a"}}):
-                handed.append(t)
+            sync_list()
     assert [t.metadata["step"] for t in handed] == list(range(39, 23, -1))
 
 

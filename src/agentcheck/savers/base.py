@@ -10,7 +10,6 @@ to its event loop from another thread, as the official async savers do.
 from __future__ import annotations
 
 import asyncio
-import builtins
 import collections
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
@@ -209,11 +208,13 @@ class SyncSaver(RetentionCore):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        items = await asyncio.to_thread(
-            lambda: builtins.list(self.list(config, filter=filter, before=before, limit=limit))
-        )
-        for item in items:
-            yield item
+        """The same from async code: each page read in a worker thread."""
+        pages = ListPages(limit)
+        while (page := pages.request()) is not None:
+            until, size = page
+            read = partial(self._list, config, filter, before, size, until)
+            for item in pages.take(await asyncio.to_thread(self._call, read, False), size):
+                yield item
 
     async def aput(
         self,
@@ -412,10 +413,11 @@ class AsyncSaver(RetentionCore):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        async def collect() -> builtins.list[CheckpointTuple]:
-            return [t async for t in self.alist(config, filter=filter, before=before, limit=limit)]
-
-        yield from self._sync(collect())
+        pages = ListPages(limit)
+        while (page := pages.request()) is not None:
+            until, size = page
+            read = partial(self._list, config, filter, before, size, until)
+            yield from pages.take(self._sync(self._call(read, False)), size)
 
     def put(
         self,
