@@ -2231,7 +2231,8 @@ class Jitter(BaseCallbackHandler):
 
 @pytest.mark.parametrize(
     ("kind", "how"),
-    [(kind, "batch") for kind in KINDS] + [(kind, "gather") for kind in ASYNC_KINDS],
+    [(kind, how) for kind in KINDS for how in ("batch", "as_completed")]
+    + [(kind, "gather") for kind in ASYNC_KINDS],
 )
 async def test_model_calls_made_together_replay_each_its_own_answer(
     kind: str, saver: Any, how: str
@@ -2253,11 +2254,17 @@ async def test_model_calls_made_together_replay_each_its_own_answer(
         async def node(state: Log) -> dict[str, Any]:
             if how == "batch":
                 return after(await model.abatch(prompts))
+            if how == "as_completed":
+                done = [x async for x in model.abatch_as_completed(prompts)]
+                return after([answer for _, answer in sorted(done, key=lambda x: x[0])])
             return after(await asyncio.gather(*(model.ainvoke(p) for p in prompts)))
 
     else:
 
         def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            if how == "as_completed":
+                done = sorted(model.batch_as_completed(prompts), key=lambda x: x[0])
+                return after([answer for _, answer in done])
             return after(model.batch(prompts))
 
     graph = one_node_graph(node, saver)

@@ -516,6 +516,33 @@ class DurableChatModel(BaseChatModel):
         configs = self._reserve_each(inputs, config)
         return await super().abatch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
 
+    def batch_as_completed(  # type: ignore[override]  # (its overloads by return_exceptions)
+        self,
+        inputs: Sequence[LanguageModelInput],
+        config: RunnableConfig | Sequence[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> Iterator[tuple[int, AIMessage | Exception]]:
+        configs = self._reserve_each(inputs, config)
+        yield from super().batch_as_completed(  # type: ignore[call-overload]
+            inputs, configs, return_exceptions=return_exceptions, **kwargs
+        )
+
+    async def abatch_as_completed(  # type: ignore[override]
+        self,
+        inputs: Sequence[LanguageModelInput],
+        config: RunnableConfig | Sequence[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> AsyncIterator[tuple[int, AIMessage | Exception]]:
+        configs = self._reserve_each(inputs, config)
+        async for item in super().abatch_as_completed(  # type: ignore[call-overload]
+            inputs, configs, return_exceptions=return_exceptions, **kwargs
+        ):
+            yield item
+
     def _generate(
         self,
         messages: list[BaseMessage],
