@@ -1126,6 +1126,28 @@ async def test_a_long_list_is_read_a_page_at_a_time_newest_first(kind: str, save
             assert reads == [16, 64 + 2, 256 + 2]
 
 
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_a_filtered_list_ranks_its_terms_once_for_all_its_pages(
+    kind: str, saver: Any
+) -> None:
+    """Each page of a filtered list counted the filter's terms again (a count of up to
+    2,000 index entries per term); the first page's ranking is kept for the others."""
+    for _ in range(40):
+        config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        saver.put(config, generate_checkpoint(), {"user": "u", "source": "loop"}, {})
+    ranked: list[int] = []
+    rank = saver._rarest_first
+
+    def counted(terms: list[str]) -> Any:
+        ranked.append(len(terms))
+        return rank(terms)
+
+    saver._rarest_first = counted
+    found = list(saver.list(None, filter={"user": "u", "source": "loop"}))
+    assert len(found) == 40  # two pages: 16, then 24 of 64
+    assert ranked == [2]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("way", ["own", "other"])
 async def test_a_list_hands_out_the_newer_checkpoints_before_a_damaged_one(

@@ -140,6 +140,7 @@ class ListPages:
         self.until: str | None = None
         self.seen: set[tuple[str, str, str]] = set()  # handed out, of id ``until``
         self.done = limit is not None and limit <= 0
+        self.terms: list[str] | None = None  # the filter's, rarest first (see _list)
 
     def request(self) -> tuple[str | None, int] | None:
         """The next page's ``until`` and how many rows to ask for; None when done."""
@@ -778,12 +779,18 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         before: RunnableConfig | None,
         limit: int | None,
         until: str | None = None,
+        pages: ListPages | None = None,
     ) -> Operation[list[CheckpointTuple]]:
         """One page of a list (see :class:`ListPages`); ``until``: no checkpoint id above
-        this one."""
-        terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
-        if len(terms) > 1:
-            terms = yield from self._rarest_first(terms)
+        this one. The filter's terms are ranked for the first page only."""
+        if pages is not None and pages.terms is not None:
+            terms = pages.terms
+        else:
+            terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
+            if len(terms) > 1:
+                terms = yield from self._rarest_first(terms)
+            if pages is not None:
+                pages.terms = terms
         # With a filter, the matching keys are found in the terms index (driven from the
         # rarest term, in checkpoint order, stopping at the limit) and, on SQLite, in the
         # pending terms, then their checkpoints are read; without one, the checkpoints

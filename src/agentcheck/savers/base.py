@@ -138,7 +138,7 @@ class SyncSaver(RetentionCore):
         pages = ListPages(limit)
         while (page := pages.request()) is not None:
             until, size = page
-            read = partial(self._list, config, filter, before, size, until)
+            read = partial(self._list, config, filter, before, size, until, pages)
             yield from pages.take(self._call(read, False), size)
 
     def put(
@@ -212,7 +212,7 @@ class SyncSaver(RetentionCore):
         pages = ListPages(limit)
         while (page := pages.request()) is not None:
             until, size = page
-            read = partial(self._list, config, filter, before, size, until)
+            read = partial(self._list, config, filter, before, size, until, pages)
             for item in pages.take(await asyncio.to_thread(self._call, read, False), size):
                 yield item
 
@@ -342,7 +342,7 @@ class AsyncSaver(RetentionCore):
         pages = ListPages(limit)
         while (page := pages.request()) is not None:
             until, size = page
-            read = partial(self._list, config, filter, before, size, until)
+            read = partial(self._list, config, filter, before, size, until, pages)
             for item in pages.take(await self._call(read, False), size):
                 yield item
 
@@ -416,7 +416,7 @@ class AsyncSaver(RetentionCore):
         pages = ListPages(limit)
         while (page := pages.request()) is not None:
             until, size = page
-            read = partial(self._list, config, filter, before, size, until)
+            read = partial(self._list, config, filter, before, size, until, pages)
             yield from pages.take(self._sync(self._call(read, False)), size)
 
     def put(
