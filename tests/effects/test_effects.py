@@ -169,6 +169,64 @@ async def only_step(saver: Any, kind: str, scope: str) -> Step:
     return steps[0]
 
 
+def charge_tool(kind: str, calls: list[int], *, delay: float = 0.0) -> Any:
+    """A ``@tool @side_effect`` charge (async for async kinds) that appends to ``calls``
+    each time it really runs, after ``delay`` seconds."""
+    if is_async(kind):
+
+        @tool
+        @side_effect
+        async def charge(amount: int) -> str:
+            """Charge the customer's card."""
+            calls.append(amount)
+            await asyncio.sleep(delay)
+            return f"charged {amount}"
+
+    else:
+
+        @tool
+        @side_effect
+        def charge(amount: int) -> str:  # type: ignore[misc]
+            """Charge the customer's card."""
+            calls.append(amount)
+            time.sleep(delay)
+            return f"charged {amount}"
+
+    return charge
+
+
+def asking_tools_graph(saver: Any, asking: AIMessage, tools: list[Any]) -> Any:
+    """An agent node that answers ``asking`` (its tool calls), then a ToolNode."""
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [asking]})
+    builder.add_node("tools", ToolNode(tools, handle_tool_errors=False))
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "tools")
+    builder.add_edge("tools", END)
+    return builder.compile(checkpointer=saver)
+
+
+def approve_tool(kind: str, *, delay: float) -> Any:
+    """A tool that asks a human (interrupt) after ``delay`` seconds."""
+    if is_async(kind):
+
+        @tool
+        async def approve(what: str) -> str:
+            """Ask a human."""
+            await asyncio.sleep(delay)
+            return f"approved={interrupt(f'approve {what}?')}"
+
+    else:
+
+        @tool
+        def approve(what: str) -> str:  # type: ignore[misc]
+            """Ask a human."""
+            time.sleep(delay)
+            return f"approved={interrupt(f'approve {what}?')}"
+
+    return approve
+
+
 def charges_done(steps: list[Step]) -> int:
     return sum(1 for s in steps if s.kind == "tool" and s.name == "charge")
 
@@ -635,49 +693,13 @@ async def test_a_call_counts_only_its_own_questions_not_a_sibling_tools(
     approval's question as its own, its replay passed over it, and the resume failed
     inside LangGraph's interrupt()."""
     calls: list[int] = []
-
-    if is_async(kind):
-
-        @tool
-        @side_effect
-        async def charge(amount: int) -> str:
-            """Charge the card."""
-            calls.append(amount)
-            await asyncio.sleep(0.3)
-            return f"charged {amount}"
-
-        @tool
-        async def approve(what: str) -> str:
-            """Ask a human."""
-            await asyncio.sleep(0.1)
-            return f"approved={interrupt(f'approve {what}?')}"
-
-    else:
-
-        @tool
-        @side_effect
-        def charge(amount: int) -> str:  # type: ignore[misc]
-            """Charge the card."""
-            calls.append(amount)
-            time.sleep(0.3)
-            return f"charged {amount}"
-
-        @tool
-        def approve(what: str) -> str:  # type: ignore[misc]
-            """Ask a human."""
-            time.sleep(0.1)
-            return f"approved={interrupt(f'approve {what}?')}"
+    charge = charge_tool(kind, calls, delay=0.3)
+    approve = approve_tool(kind, delay=0.1)
 
     asking = tool_call_message(
         ("charge", {"amount": 5}, "call_a"), ("approve", {"what": "order"}, "call_b")
     )
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", lambda state: {"messages": [asking]})
-    builder.add_node("tools", ToolNode([charge, approve], handle_tool_errors=False))
-    builder.add_edge(START, "agent")
-    builder.add_edge("agent", "tools")
-    builder.add_edge("tools", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = asking_tools_graph(saver, asking, [charge, approve])
 
     paused = await call(graph, "invoke", kind, {"messages": []}, config("t1"))
     assert [i.value for i in paused["__interrupt__"]] == ["approve order?"]
@@ -706,14 +728,10 @@ async def test_tools_that_invoke_a_wrapped_tool_side_by_side_replay_their_own_re
         # c1 (amount 1) is the slower one at the first run, the faster one at the resume.
         return 0.2 if (amount == 1) == first_run[0] else 0.0
 
-    if is_async(kind):
+    charge = charge_tool(kind, charges)
+    approve = approve_tool(kind, delay=0.3)
 
-        @tool
-        @side_effect
-        async def charge(amount: int) -> str:
-            """Charge the card."""
-            charges.append(amount)
-            return f"charged {amount}"
+    if is_async(kind):
 
         @tool
         async def checkout(amount: int) -> str:
@@ -721,20 +739,7 @@ async def test_tools_that_invoke_a_wrapped_tool_side_by_side_replay_their_own_re
             await asyncio.sleep(delay(amount))
             return str(await charge.ainvoke({"amount": amount}))
 
-        @tool
-        async def approve(what: str) -> str:
-            """Ask a human."""
-            await asyncio.sleep(0.3)
-            return f"approved={interrupt(f'approve {what}?')}"
-
     else:
-
-        @tool
-        @side_effect
-        def charge(amount: int) -> str:  # type: ignore[misc]
-            """Charge the card."""
-            charges.append(amount)
-            return f"charged {amount}"
 
         @tool
         def checkout(amount: int) -> str:  # type: ignore[misc]
@@ -742,24 +747,12 @@ async def test_tools_that_invoke_a_wrapped_tool_side_by_side_replay_their_own_re
             time.sleep(delay(amount))
             return str(charge.invoke({"amount": amount}))
 
-        @tool
-        def approve(what: str) -> str:  # type: ignore[misc]
-            """Ask a human."""
-            time.sleep(0.3)
-            return f"approved={interrupt(f'approve {what}?')}"
-
     asking = tool_call_message(
         ("checkout", {"amount": 1}, "c1"),
         ("checkout", {"amount": 2}, "c2"),
         ("approve", {"what": "order"}, "c3"),
     )
-    builder = StateGraph(MessagesState)
-    builder.add_node("agent", lambda state: {"messages": [asking]})
-    builder.add_node("tools", ToolNode([checkout, approve], handle_tool_errors=False))
-    builder.add_edge(START, "agent")
-    builder.add_edge("agent", "tools")
-    builder.add_edge("tools", END)
-    graph = builder.compile(checkpointer=saver)
+    graph = asking_tools_graph(saver, asking, [checkout, approve])
 
     paused = await call(graph, "invoke", kind, {"messages": []}, config("t1"))
     assert [i.value for i in paused["__interrupt__"]] == ["approve order?"]
@@ -1112,28 +1105,6 @@ def test_the_attempt_registry_drops_only_attempts_nobody_holds() -> None:
 
 
 # --------------------------------------------------------------------------- 4. ToolNode
-
-
-def charge_tool(kind: str, calls: list[int]) -> Any:
-    if is_async(kind):
-
-        @tool
-        @side_effect
-        async def charge(amount: int) -> str:
-            """Charge the customer's card."""
-            calls.append(amount)
-            return f"charged {amount}"
-
-    else:
-
-        @tool
-        @side_effect
-        def charge(amount: int) -> str:  # type: ignore[misc]
-            """Charge the customer's card."""
-            calls.append(amount)
-            return f"charged {amount}"
-
-    return charge
 
 
 def third_tool(kind: str, saver: Any, thread_id: str, how: str) -> Any:

@@ -787,12 +787,16 @@ def editing_graph() -> StateGraph[Edited]:
         last.content = "REDACTED"
         return {"todos": todos, "messages": [last]}
 
-    builder = StateGraph(Edited)
-    builder.add_node("plan", plan)
-    builder.add_node("edit", edit)
-    builder.add_edge(START, "plan")
-    builder.add_edge("plan", "edit")
-    builder.add_edge("edit", END)
+    return two_nodes(StateGraph(Edited), plan, edit)
+
+
+def two_nodes(builder: StateGraph[Any], first: Any, second: Any) -> StateGraph[Any]:
+    """``first`` then ``second`` (nodes named after the functions), then the end."""
+    builder.add_node(first.__name__, first)
+    builder.add_node(second.__name__, second)
+    builder.add_edge(START, first.__name__)
+    builder.add_edge(first.__name__, second.__name__)
+    builder.add_edge(second.__name__, END)
     return builder
 
 
@@ -839,13 +843,7 @@ def rating_graph() -> StateGraph[Rated]:
             "times": [t.astimezone(cet) for t in state["times"]],
         }
 
-    builder = StateGraph(Rated)
-    builder.add_node("draft", draft)
-    builder.add_node("rate", rate)
-    builder.add_edge(START, "draft")
-    builder.add_edge("draft", "rate")
-    builder.add_edge("rate", END)
-    return builder
+    return two_nodes(StateGraph(Rated), draft, rate)
 
 
 @pytest.mark.parametrize("kind", KINDS)

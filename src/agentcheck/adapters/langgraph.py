@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import partial
 from typing import Any
@@ -439,17 +440,23 @@ class DurableChatModel(BaseChatModel):
         )
         return protocol(self._spec(), ctx, args, _take_reserved())
 
-    def _reserve(self, config: RunnableConfig | None) -> Any:
-        """Take this call's ordinal now (or the one batch took for it): the token to
-        reset, or None outside a journaled graph."""
+    @contextmanager
+    def _reservation(self, config: RunnableConfig | None) -> Iterator[None]:
+        """This call's ordinal, taken now (or the one batch took for it), for its
+        _generate to use (nothing outside a journaled graph)."""
         ordinal = ((config or {}).get("configurable") or {}).get(_ORDINAL_KEY)
         if ordinal is None:
             ctx = resolve_context()
             if ctx is None:
-                return None
+                yield
+                return
             spec = self._spec()
             ordinal = ctx.take_ordinal(spec.kind, spec.name)
-        return _reserved.set((str(ordinal[0]), int(ordinal[1])))
+        token = _reserved.set((str(ordinal[0]), int(ordinal[1])))
+        try:
+            yield
+        finally:
+            _reserved.reset(token)
 
     def _reserve_each(
         self, inputs: Sequence[Any], config: RunnableConfig | Sequence[RunnableConfig] | None
@@ -472,12 +479,8 @@ class DurableChatModel(BaseChatModel):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> AIMessage:
-        token = self._reserve(config)
-        try:
+        with self._reservation(config):
             return super().invoke(input, config, stop=stop, **kwargs)
-        finally:
-            if token is not None:
-                _reserved.reset(token)
 
     async def ainvoke(
         self,
@@ -487,12 +490,8 @@ class DurableChatModel(BaseChatModel):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> AIMessage:
-        token = self._reserve(config)  # before the first await: in the order of the calls
-        try:
+        with self._reservation(config):  # before the first await: in the calls' order
             return await super().ainvoke(input, config, stop=stop, **kwargs)
-        finally:
-            if token is not None:
-                _reserved.reset(token)
 
     def batch(
         self,
