@@ -26,15 +26,26 @@ import inspect
 import logging
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar, cast, overload
 
 from agentcheck._errors import AgentcheckError
-from agentcheck.journal import Claim, Effect, EventSpec, Journal, Step, key_text, new_owner
+from agentcheck.journal import (
+    Claim,
+    Effect,
+    EventSpec,
+    Journal,
+    Step,
+    key_text,
+    new_owner,
+    owner_alive,
+)
 
 __all__ = [
     "CallContext",
@@ -271,7 +282,20 @@ class _Wait:
     done: threading.Event
 
 
-Action = _Db | _Reconcile | _Ask | _Call | _Wait
+@dataclass(frozen=True)
+class _Pause:
+    seconds: float
+
+
+Action = _Db | _Reconcile | _Ask | _Call | _Wait | _Pause
+
+# How long after a call started in another process on this machine, still running, a
+# call of the same step waits for it to finish (and then replays its result), rather than
+# taking its outcome for unknown: it is the same call, made twice at once (two workers
+# resuming one thread, say), and the first may well finish. A longer call than that
+# (or one the other process gave up without ending) goes to the tool's policy.
+OTHER_PROCESS_WAIT = 120.0
+_POLL = 0.05
 
 # The calls running in this process, by their claim's owner token, with the event set
 # once their outcome is recorded. A call that finds its step started by one of them waits
@@ -408,9 +432,12 @@ def _protocol(
     while not claim.owned and claim.step.status == "started":
         with _running_lock:
             running = _running.get(claim.step.owner)
-        if running is None:
-            break  # started by a call no longer running here: its outcome is unknown
-        yield _Wait(running)
+        if running is not None:
+            yield _Wait(running)
+        elif owner_alive(claim.step.owner) and _recent(claim.step.started_at):
+            yield _Pause(_POLL)  # running in another process of this machine
+        else:
+            break  # started by a call no longer running: its outcome is unknown
         claim = yield _Db(claim_step, durable_claim)
     step = claim.step
     if not claim.owned:
@@ -525,6 +552,17 @@ def _protocol(
         done.set()
 
 
+def _recent(started_at: str) -> bool:
+    """Whether a step started less than :data:`OTHER_PROCESS_WAIT` seconds ago."""
+    try:
+        started = datetime.fromisoformat(started_at)
+    except (TypeError, ValueError):
+        return False
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=timezone.utc)
+    return (datetime.now(timezone.utc) - started).total_seconds() < OTHER_PROCESS_WAIT
+
+
 def _parse_answer(answer: Any) -> tuple[str, Any]:
     """A human's answer to an unknown outcome: "retry", "skip", or {"result": value}."""
     if isinstance(answer, str) and answer in ("retry", "skip"):
@@ -576,6 +614,8 @@ class ProtocolRun:
                     value = self.ctx.journal.run_op(action.make_op, True, durable=action.durable)
                 elif isinstance(action, _Wait):
                     action.done.wait()
+                elif isinstance(action, _Pause):
+                    time.sleep(action.seconds)
                 elif isinstance(action, _Reconcile):
                     assert self.spec.reconcile is not None
                     value = self.spec.reconcile(action.outcome)
@@ -600,6 +640,8 @@ class ProtocolRun:
                 elif isinstance(action, _Wait):
                     while not action.done.is_set():  # the call may run on this event loop
                         await asyncio.sleep(0.002)
+                elif isinstance(action, _Pause):
+                    await asyncio.sleep(action.seconds)
                 elif isinstance(action, _Reconcile):
                     assert self.spec.reconcile is not None
                     value = self.spec.reconcile(action.outcome)

@@ -13,6 +13,7 @@ It lives in the same database as the checkpoints and is reached through a saver:
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 import socket
 import uuid
@@ -68,8 +69,59 @@ def now() -> str:
 
 
 def new_owner() -> str:
-    """A token naming this process and this claim, recorded on the steps it starts."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    """A token naming this process and this claim, recorded on the steps it starts:
+    ``host:pid:random`` and, where the system tells it, ``:the process's start time``
+    (so that another process can tell whether the claim's process still runs, see
+    :func:`owner_alive`)."""
+    pid = os.getpid()
+    started = process_start(pid)
+    tail = f":{started}" if started else ""
+    return f"{_host()}:{pid}:{uuid.uuid4().hex[:12]}{tail}"
+
+
+@functools.cache
+def _host() -> str:
+    return socket.gethostname()
+
+
+def process_start(pid: int) -> str | None:
+    """A process's start time as Linux counts it (clock ticks since boot, from
+    ``/proc/<pid>/stat``), telling it from a later process given the same pid; None
+    where there is no such file, or the process is a zombie (it has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the name, which may hold spaces
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    return fields[19]
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether a step's owner token names another process on this machine that is
+    still running (the same one: its start time matches, where recorded). False for
+    this process, another machine's, or a token of another shape."""
+    parts = owner.split(":")
+    if len(parts) < 3 or parts[0] != _host() or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    except OSError:
+        return False
+    started = process_start(pid)
+    if started is None:
+        # No /proc (not Linux): the pid exists. On Linux: a zombie, or gone meanwhile.
+        return not os.path.exists("/proc/self/stat")
+    return len(parts) < 4 or parts[3] == started
 
 
 @dataclass(frozen=True)

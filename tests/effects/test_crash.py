@@ -424,3 +424,55 @@ def test_without_agentcheck_official_sqlite_saver_charges_the_card_twice(tmp_pat
     assert env.charges[0]["pid"] != env.charges[1]["pid"]
     assert len(env.receipts) == 2
     assert env.llm_calls == 2  # the checkpoint did save the model's answer
+
+
+# -- the same call made at once by two processes ------------------------------------------
+
+TWIN = """
+import json, os, sys, time
+from agentcheck import effect_scope, side_effect
+from agentcheck.savers import PostgresSaver, SqliteSaver
+
+db, effects, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+@side_effect
+def charge(amount, idempotency_key):
+    print("MARKER inside {}", flush=True)
+    time.sleep(delay)  # the provider is slow
+    with open(effects, "a") as f:
+        f.write(json.dumps({"key": idempotency_key, "pid": os.getpid()}) + "\\n")
+    return {"charged": amount, "by": os.getpid()}
+
+saver_class = PostgresSaver if db.startswith("postgresql") else SqliteSaver
+with saver_class.from_conn_string(db) as saver:
+    saver.setup()
+    with effect_scope(saver.journal, scope="job-1"):
+        print(json.dumps(charge(42)), flush=True)
+"""
+
+
+def test_a_call_another_process_is_making_is_waited_for_not_made_again(env: Env) -> None:
+    """Two workers make the same call at once (two deliveries of one job, or two resumes
+    of one thread): the second found the step started by a process it could not see
+    running, took its outcome for unknown and raised, or, with a reconcile that found
+    nothing yet, ran the call a second time. It now waits for the process still running
+    on this machine, and replays its result."""
+    effects = env.workdir / "charges.jsonl"
+
+    def start(delay: float) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-c", TWIN, env.db, str(effects), str(delay)]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+    first = start(1.5)
+    assert first.stdout is not None
+    assert first.stdout.readline().startswith("MARKER inside")  # claimed, not done
+    second = start(0.0)
+    out_second, _ = second.communicate(timeout=TIMEOUT)
+    out_first, _ = first.communicate(timeout=TIMEOUT)
+    assert first.returncode == second.returncode == 0, (out_first, out_second)
+    assert "MARKER" not in out_second  # the second never ran the call
+    assert json.loads(out_second) == json.loads(out_first) == {"charged": 42, "by": first.pid}
+    assert len(_lines(effects)) == 1
+    with agentcheck.connect(env.db) as journal:
+        (step,) = journal.steps(scope="job-1")
+    assert (step.status, step.attempts) == ("completed", 1)
