@@ -130,6 +130,10 @@ class CallContext:
         resolve_prefix: a journal operation giving the key prefix to use instead of
             ``key_prefix``, run before the first call (LangGraph: the task a task
             continues after update_state).
+        stored_first: (thread, checkpoint) that must be stored before a call
+            is claimed, since its keys derive from it (LangGraph, ``durability="async"``:
+            the checkpoint of the task, which LangGraph stores in the background while
+            the task runs; a crash before it is stored makes the task new, with new keys).
     """
 
     journal: Journal
@@ -144,6 +148,7 @@ class CallContext:
     skip_interrupts: Callable[[int], None] | None = None
     resolve_prefix: Callable[[], Any] | None = None
     position: tuple[str, str] | None = None
+    stored_first: tuple[str, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_ordinal(self, kind: str, name: str) -> tuple[str, int]:
@@ -260,6 +265,7 @@ class _Db:
     make_op: Callable[[], Any]
     # False: a write that may be lost to a power failure (see _protocol's claims).
     durable: bool = True
+    write: bool = True
 
 
 @dataclass(frozen=True)
@@ -380,6 +386,8 @@ def _protocol(
     if ctx.resolve_prefix is not None:
         ctx.key_prefix = yield _Db(ctx.resolve_prefix)
         ctx.resolve_prefix = None
+    if ctx.stored_first is not None:
+        yield from _until_stored(ctx, ctx.stored_first)
     step_key = ctx.key_at(ordinal)
     key = idempotency_key_for(ctx.scope, step_key)
     run_id = ctx.run_id or ctx.scope
@@ -552,6 +560,32 @@ def _protocol(
         done.set()
 
 
+# How long a call waits for its task's checkpoint to be stored (see CallContext's
+# stored_first) before it goes on anyway (a put that failed: the graph reports it).
+STORED_WAIT = 2.0
+_STORED = "\x00stored"  # in a task attempt's counters: its checkpoint was seen stored
+
+
+def _until_stored(ctx: CallContext, where: tuple[str, str]) -> Generator[Action, Any, None]:
+    """Wait until the checkpoint the call's keys derive from is stored (once per task
+    attempt: its calls share ``counters``)."""
+    if ctx.counters.get(_STORED):
+        return
+    ops = ctx.journal.ops
+    deadline = time.monotonic() + STORED_WAIT
+    while not (yield _Db(lambda: ops.checkpoint_stored(*where), write=False)):
+        if time.monotonic() > deadline:
+            logger.warning(
+                "agentcheck: checkpoint %s of thread %s was not stored within %s s; the "
+                "call goes on, and would run again after a crash", where[1], where[0],
+                STORED_WAIT,
+            )  # fmt: skip
+            break
+        yield _Pause(0.002)
+    with ctx.lock:
+        ctx.counters[_STORED] = 1
+
+
 def _recent(started_at: str) -> bool:
     """Whether a step started less than :data:`OTHER_PROCESS_WAIT` seconds ago."""
     try:
@@ -611,7 +645,9 @@ class ProtocolRun:
             value, error = None, None
             try:
                 if isinstance(action, _Db):
-                    value = self.ctx.journal.run_op(action.make_op, True, durable=action.durable)
+                    value = self.ctx.journal.run_op(
+                        action.make_op, action.write, durable=action.durable
+                    )
                 elif isinstance(action, _Wait):
                     action.done.wait()
                 elif isinstance(action, _Pause):
@@ -635,7 +671,7 @@ class ProtocolRun:
             try:
                 if isinstance(action, _Db):
                     value = await self.ctx.journal.arun_op(
-                        action.make_op, True, durable=action.durable
+                        action.make_op, action.write, durable=action.durable
                     )
                 elif isinstance(action, _Wait):
                     while not action.done.is_set():  # the call may run on this event loop

@@ -445,6 +445,13 @@ class JournalOps:
         yield from self.log(EventSpec(run_id, "run", phase, name=status, error=error))
         return None
 
+    def checkpoint_stored(self, thread_id: str, checkpoint_id: str) -> Operation[bool]:
+        """Whether a checkpoint of a thread has been stored, in any namespace (a put
+        LangGraph made in the background, with ``durability="async"``, may still be on
+        its way)."""
+        rows = yield Query(self.sql.CHECKPOINT_STORED, (thread_id, checkpoint_id), fetch=True)
+        return bool(rows)
+
     def claim(
         self,
         scope: str,

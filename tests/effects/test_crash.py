@@ -476,3 +476,88 @@ def test_a_call_another_process_is_making_is_waited_for_not_made_again(env: Env)
     with agentcheck.connect(env.db) as journal:
         (step,) = journal.steps(scope="job-1")
     assert (step.status, step.attempts) == ("completed", 1)
+
+
+# -- LangGraph's default durability ("async") ------------------------------------------------
+
+ASYNC_DURABILITY = """
+import json, os, sys, time
+from typing import TypedDict
+from langgraph.graph import END, START, StateGraph
+from agentcheck import side_effect
+from agentcheck.savers import PostgresSaver, SqliteSaver
+
+db, effects, phase = sys.argv[1], sys.argv[2], sys.argv[3]
+base = PostgresSaver if db.startswith("postgresql") else SqliteSaver
+
+
+class SlowPuts(base):
+    # A checkpoint takes 0.5 s to reach the database (a busy disk or server): LangGraph
+    # stores it in the background while the next step's tasks already run.
+    def put(self, *args, **kwargs):
+        time.sleep(0.5)
+        return super().put(*args, **kwargs)
+
+
+@side_effect
+def charge(amount, idempotency_key):
+    with open(effects, "a") as f:
+        f.write(json.dumps({"key": idempotency_key}) + "\\n")
+    return f"charged {amount}"
+
+
+class State(TypedDict, total=False):
+    amount: int
+    out: str
+
+
+def pay(state):
+    out = charge(state["amount"])
+    if phase == "crash":
+        print("MARKER charged {}", flush=True)
+        time.sleep(120)  # killed here
+    return {"out": out}
+
+
+builder = StateGraph(State)
+builder.add_node("pay", pay)
+builder.add_edge(START, "pay")
+builder.add_edge("pay", END)
+saver_class = SlowPuts if phase == "crash" else base
+with saver_class.from_conn_string(db) as saver:
+    saver.setup()
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "t1"}}
+    # A worker resumes the job's thread where it stopped, or starts it again if nothing
+    # of it was stored. No durability given: LangGraph's default, "async".
+    started = phase == "resume" and graph.get_state(config).next
+    print(json.dumps(graph.invoke(None if started else {"amount": 42}, config)))
+"""
+
+
+def test_default_durability_killed_after_a_charge_charges_once(env: Env) -> None:
+    """With LangGraph's default durability ("async") the task's checkpoint is stored in
+    the background while the task runs, and its calls' keys derive from it: killed after
+    the charge but before that checkpoint was stored, the resumed run made the task
+    anew, with new keys, and charged again. A call now waits for its task's checkpoint
+    to be stored before it is claimed."""
+    effects = env.workdir / "charges.jsonl"
+
+    def cmd(phase: str) -> list[str]:
+        return [sys.executable, "-c", ASYNC_DURABILITY, env.db, str(effects), phase]
+
+    child = subprocess.Popen(cmd("crash"), stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline().startswith("MARKER charged")
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=TIMEOUT)
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    assert len(_lines(effects)) == 1
+
+    resumed = subprocess.run(cmd("resume"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.splitlines()[-1])["out"] == "charged 42"  # replayed
+    assert len(_lines(effects)) == 1

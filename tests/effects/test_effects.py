@@ -1519,7 +1519,14 @@ async def test_cancelled_call_leaves_an_unknown_outcome_not_a_failure(
 
 
 @parametrize_kinds
-async def test_functional_api_task_and_entrypoint_replay(kind: str, saver: Any) -> None:
+async def test_functional_api_task_and_entrypoint_replay(
+    kind: str, saver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """(With LangGraph's default durability, "async": each call first finds its task's
+    checkpoint stored; a @task's map names its entrypoint's namespace with the root's
+    checkpoint, which a look-up in that namespace never found, and every call waited
+    out agentcheck.effects.STORED_WAIT.)"""
+    caplog.set_level(logging.WARNING, logger="agentcheck")
     calls: list[int] = []
     charge = charge_fn(kind, calls)
 
@@ -1555,6 +1562,7 @@ async def test_functional_api_task_and_entrypoint_replay(kind: str, saver: Any) 
     assert second["__interrupt__"][0].value == "all done?"
     final = await call(workflow, "invoke", kind, Command(resume="yes"), config("t1"))
 
+    assert not [r for r in caplog.records if "was not stored" in r.getMessage()]
     assert calls == [101, 1]
     assert final == [
         {"charged": 101, "run": 1},

@@ -191,7 +191,14 @@ def langgraph_context() -> CallContext | None:
             )  # fmt: skip
     root_checkpoint = (conf.get("checkpoint_map") or {}).get("")
     root = root_task(str(ns))
+    stored_first = None
+    if conf.get("__pregel_durability", "async") == "async" and task_id:  # LangGraph's default
+        # The task's checkpoint may still be on its way to the database.
+        own_checkpoint = (conf.get("checkpoint_map") or {}).get(str(ns).rpartition("|")[0])
+        if own_checkpoint:
+            stored_first = (str(thread_id), str(own_checkpoint))
     return CallContext(
+        stored_first=stored_first,
         journal=saver.journal,
         scope=str(thread_id),
         key_prefix=f"{ns}|{task_id}",
