@@ -130,7 +130,7 @@ class CallContext:
         resolve_prefix: a journal operation giving the key prefix to use instead of
             ``key_prefix``, run before the first call (LangGraph: the task a task
             continues after update_state).
-        stored_first: (thread, checkpoint) that must be stored before a call
+        stored_first: (thread, namespace, checkpoint) that must be stored before a call
             is claimed, since its keys derive from it (LangGraph, ``durability="async"``:
             the checkpoint of the task, which LangGraph stores in the background while
             the task runs; a crash before it is stored makes the task new, with new keys).
@@ -148,7 +148,7 @@ class CallContext:
     skip_interrupts: Callable[[int], None] | None = None
     resolve_prefix: Callable[[], Any] | None = None
     position: tuple[str, str] | None = None
-    stored_first: tuple[str, str] | None = None
+    stored_first: tuple[str, str, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_ordinal(self, kind: str, name: str) -> tuple[str, int]:
@@ -291,6 +291,21 @@ class _Wait:
 @dataclass(frozen=True)
 class _Pause:
     seconds: float
+    # False: what it waits for may need this thread's event loop (a put LangGraph runs
+    # on it): a sync call made on that loop's thread gives up the wait (_CannotWait).
+    on_loop: bool = True
+
+
+class _CannotWait(Exception):
+    """Thrown into a protocol whose pause would block the event loop it waits on."""
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 Action = _Db | _Reconcile | _Ask | _Call | _Wait | _Pause
@@ -566,22 +581,31 @@ STORED_WAIT = 2.0
 _STORED = "\x00stored"  # in a task attempt's counters: its checkpoint was seen stored
 
 
-def _until_stored(ctx: CallContext, where: tuple[str, str]) -> Generator[Action, Any, None]:
+def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Action, Any, None]:
     """Wait until the checkpoint the call's keys derive from is stored (once per task
-    attempt: its calls share ``counters``)."""
+    attempt: its calls share ``counters``). Not for a namespace with no checkpoint
+    stored before it: a subgraph compiled with ``checkpointer=False`` stores none (its
+    tasks still carry the saver), nor does a subgraph's first step; and not for a sync
+    call made on the event loop the put would run on."""
     if ctx.counters.get(_STORED):
         return
     ops = ctx.journal.ops
+    thread_id, ns, _ = where
     deadline = time.monotonic() + STORED_WAIT
-    while not (yield _Db(lambda: ops.checkpoint_stored(*where), write=False)):
+    while (stored := (yield _Db(lambda: ops.checkpoint_stored(*where), write=False))) != 1:
+        if stored < 0 and ns:
+            break
         if time.monotonic() > deadline:
             logger.warning(
                 "agentcheck: checkpoint %s of thread %s was not stored within %s s; the "
-                "call goes on, and would run again after a crash", where[1], where[0],
+                "call goes on, and would run again after a crash", where[2], thread_id,
                 STORED_WAIT,
             )  # fmt: skip
             break
-        yield _Pause(0.002)
+        try:
+            yield _Pause(0.002, on_loop=False)
+        except _CannotWait:
+            break
     with ctx.lock:
         ctx.counters[_STORED] = 1
 
@@ -651,6 +675,8 @@ class ProtocolRun:
                 elif isinstance(action, _Wait):
                     action.done.wait()
                 elif isinstance(action, _Pause):
+                    if not action.on_loop and _on_event_loop():
+                        raise _CannotWait
                     time.sleep(action.seconds)
                 elif isinstance(action, _Reconcile):
                     assert self.spec.reconcile is not None

@@ -445,12 +445,13 @@ class JournalOps:
         yield from self.log(EventSpec(run_id, "run", phase, name=status, error=error))
         return None
 
-    def checkpoint_stored(self, thread_id: str, checkpoint_id: str) -> Operation[bool]:
-        """Whether a checkpoint of a thread has been stored, in any namespace (a put
-        LangGraph made in the background, with ``durability="async"``, may still be on
-        its way)."""
-        rows = yield Query(self.sql.CHECKPOINT_STORED, (thread_id, checkpoint_id), fetch=True)
-        return bool(rows)
+    def checkpoint_stored(self, thread_id: str, ns: str, checkpoint_id: str) -> Operation[int]:
+        """Whether a checkpoint has been stored (a put LangGraph made in the background,
+        with ``durability="async"``, may still be on its way): 1 if so; 0 if not, but an
+        earlier one of its namespace is; -1 if its namespace has none before it."""
+        params = (checkpoint_id, thread_id, ns, checkpoint_id, checkpoint_id)
+        rows = yield Query(self.sql.CHECKPOINT_STORED, params, fetch=True)
+        return -1 if not rows else (1 if rows[0][0] else 0)
 
     def claim(
         self,

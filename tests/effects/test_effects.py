@@ -69,7 +69,7 @@ from agentcheck.journal import Event, Step
 from agentcheck.savers import SqliteSaver
 from fake_models import ScriptedChatModel, tool_call_message
 
-from savers_support import ASYNC_KINDS, KINDS, call, is_async, is_postgres
+from savers_support import ASYNC_KINDS, KINDS, SYNC_KINDS, call, is_async, is_postgres
 
 parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
 no_deprecation_noise = pytest.mark.filterwarnings(
@@ -1516,6 +1516,44 @@ async def test_cancelled_call_leaves_an_unknown_outcome_not_a_failure(
 
 
 # --------------------------------------------------------------------------- 6. where it works
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape"),
+    [(kind, "subgraph without checkpointer") for kind in KINDS]
+    # (An async saver refuses a sync call made on its own loop: InvalidStateError.)
+    + [(kind, "sync call, async node") for kind in SYNC_KINDS],
+)
+async def test_no_call_waits_for_a_checkpoint_nothing_will_store(
+    kind: str, saver: Any, shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With LangGraph's default durability a call waits for its task's checkpoint to be
+    stored. A subgraph compiled with checkpointer=False stores none (its tasks still
+    carry the saver), and a sync call made in an async node runs on the event loop that
+    would store it: each such call waited out STORED_WAIT (2 s) and warned."""
+    caplog.set_level(logging.WARNING, logger="agentcheck")
+    calls: list[int] = []
+    charge = side_effect(lambda amount: calls.append(amount) or len(calls))
+
+    if shape == "subgraph without checkpointer":
+        inner = StateGraph(Log)
+        inner.add_node("pay", lambda state: {"out": [charge(5)]})
+        inner.add_edge(START, "pay")
+        inner.add_edge("pay", END)
+        graph = one_node_graph(inner.compile(checkpointer=False), saver)
+    else:
+
+        async def pay(state: Log) -> dict[str, Any]:
+            return {"out": [charge(5)]}
+
+        graph = one_node_graph(pay, saver)
+    if shape == "sync call, async node":
+        final = await graph.ainvoke({"out": []}, config("t1"))  # the sync saver's aput
+    else:
+        final = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert final["out"] == [1]
+    assert calls == [5]
+    assert not [r for r in caplog.records if "was not stored" in r.getMessage()]
 
 
 @parametrize_kinds

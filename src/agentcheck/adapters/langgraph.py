@@ -194,9 +194,13 @@ def langgraph_context() -> CallContext | None:
     stored_first = None
     if conf.get("__pregel_durability", "async") == "async" and task_id:  # LangGraph's default
         # The task's checkpoint may still be on its way to the database.
-        own_checkpoint = (conf.get("checkpoint_map") or {}).get(str(ns).rpartition("|")[0])
+        checkpoints = conf.get("checkpoint_map") or {}
+        own_checkpoint = checkpoints.get(str(ns).rpartition("|")[0])
         if own_checkpoint:
-            stored_first = (str(thread_id), str(own_checkpoint))
+            # Stored under the outermost namespace the map gives it: a functional API
+            # @task's map names its entrypoint's task with the root's checkpoint.
+            stored_ns = min((k for k, v in checkpoints.items() if v == own_checkpoint), key=len)
+            stored_first = (str(thread_id), str(stored_ns), str(own_checkpoint))
     return CallContext(
         stored_first=stored_first,
         journal=saver.journal,

@@ -462,10 +462,11 @@ class SQL:
         "AND checkpoint_id IN ({ids}) AND channel IN ({channels})"
     )
     # The ancestors of a checkpoint, nearest first, in one recursive query.
-    # Any namespace: a functional API task's map names its entrypoint's task namespace
-    # with the root checkpoint, stored under the root namespace.
+    # Whether a checkpoint is stored, and whether its namespace has any checkpoint.
     CHECKPOINT_STORED = (
-        "SELECT 1 FROM agentcheck_checkpoints WHERE thread_id = ? AND checkpoint_id = ? LIMIT 1"
+        "SELECT checkpoint_id = ? FROM agentcheck_checkpoints WHERE thread_id = ? "
+        "AND checkpoint_ns = ? AND (checkpoint_id = ? OR checkpoint_id < ?) "
+        "ORDER BY checkpoint_id DESC LIMIT 1"
     )
     SELECT_CHILDREN = (
         "SELECT checkpoint_id, metadata_type, metadata FROM agentcheck_checkpoints "
