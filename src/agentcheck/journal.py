@@ -73,15 +73,23 @@ def new_owner() -> str:
     ``host:pid:random`` and, where the system tells it, ``:the process's start time``
     (so that another process can tell whether the claim's process still runs, see
     :func:`owner_alive`)."""
-    pid = os.getpid()
-    started = process_start(pid)
-    tail = f":{started}" if started else ""
-    return f"{_host()}:{pid}:{uuid.uuid4().hex[:12]}{tail}"
+    return f"{_process_token(os.getpid())}:{uuid.uuid4().hex[:12]}{_start_suffix(os.getpid())}"
 
 
 @functools.cache
 def _host() -> str:
     return socket.gethostname()
+
+
+@functools.lru_cache(maxsize=4)  # by pid: a forked child has its own
+def _process_token(pid: int) -> str:
+    return f"{_host()}:{pid}"
+
+
+@functools.lru_cache(maxsize=4)
+def _start_suffix(pid: int) -> str:
+    started = process_start(pid)
+    return f":{started}" if started else ""
 
 
 def process_start(pid: int) -> str | None:
