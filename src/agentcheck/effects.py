@@ -482,6 +482,13 @@ def _protocol(
             scope=ctx.scope,
         )
         if step.status == "failed":
+            after = ctx.key_at((ordinal[0], ordinal[1] + 1))
+            if (yield _Db(lambda: ops.step_exists(ctx.scope, after), write=False)):
+                # The code went on past this failure to another call of the same name
+                # (its own retry, say): replay the failure, so that it goes the same
+                # way again, to that call's record, instead of running this one anew.
+                yield _Db(lambda: ops.log(event("replay", error=step.error)), False)
+                raise replayed_failure(step)
             # It raised last time: it reported its own failure, so running it is safe.
             claim = yield claim_again(step)
         elif spec.reconcile is not None:
@@ -554,10 +561,16 @@ def _protocol(
             # not caught here: the call may have had its effect, so the step stays
             # "started" and its outcome unknown.)
             error = f"{type(exc).__name__}: {exc}"
+            raised = _raised(exc)
             yield _Db(
                 lambda: ops.fail(
-                    ctx.scope, step_key, owner=owner, error=error, event=event("error", error=error)
-                )
+                    ctx.scope,
+                    step_key,
+                    owner=owner,
+                    error=error,
+                    event=event("error", error=error),
+                    raised=raised,
+                )  # fmt: skip
             )
             raise
         tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
@@ -608,6 +621,60 @@ def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Ac
             break
     with ctx.lock:
         ctx.counters[_STORED] = 1
+
+
+class ReplayedFailure(AgentcheckError):
+    """A recorded failure raised again on replay, when its exception cannot be rebuilt
+    as it was (a class not imported here, or whose arguments were not kept): see
+    :func:`replayed_failure`."""
+
+
+_PLAIN_ARGS = (str, int, float, bool, type(None))
+
+
+def _raised(exc: BaseException) -> dict[str, Any]:
+    """What a replay needs to raise ``exc`` again: its class's import path, and its
+    arguments when they are plain values (else its text)."""
+    cls = type(exc)
+    args = list(exc.args) if all(type(a) in _PLAIN_ARGS for a in exc.args) else [str(exc)]
+    return {"type": f"{cls.__module__}:{cls.__qualname__}", "args": args}
+
+
+def replayed_failure(step: Step) -> Exception:
+    """The exception a failed step raised, raised again on replay: an instance of its
+    class, built from its recorded arguments, if that class is in a module imported
+    here (none is imported from what is stored); else an instance of a subclass of
+    both that class and :class:`ReplayedFailure` holding its text (so that an
+    ``except`` for the class still catches it); else a :class:`ReplayedFailure`."""
+    message = step.error or "the call failed"
+    try:
+        raised = step.result
+    except Exception:  # an unreadable record: the text is enough
+        raised = None
+    cls: Any = None
+    args: list[Any] = [message]
+    if isinstance(raised, dict) and isinstance(raised.get("type"), str):
+        module, _, qualname = raised["type"].partition(":")
+        found: Any = sys.modules.get(module)
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+        if isinstance(found, type) and issubclass(found, Exception):
+            cls = found
+            if isinstance(raised.get("args"), list):
+                args = raised["args"]
+    if cls is None:
+        return ReplayedFailure(message)
+    try:
+        return cls(*args)  # type: ignore[no-any-return]
+    except Exception:  # its constructor wants other arguments than its args
+        pass
+    try:
+        mixed = type(cls.__name__, (cls, ReplayedFailure), {"__module__": cls.__module__})
+        rebuilt: Exception = Exception.__new__(mixed)
+        Exception.__init__(rebuilt, message)
+        return rebuilt
+    except TypeError:  # a class that cannot be mixed in (a layout conflict)
+        return ReplayedFailure(message)
 
 
 def _recent(started_at: str) -> bool:

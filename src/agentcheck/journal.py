@@ -562,13 +562,26 @@ class JournalOps:
         return done
 
     def fail(
-        self, scope: str, step_key: str, *, owner: str, error: str, event: EventSpec | None
+        self,
+        scope: str,
+        step_key: str,
+        *,
+        owner: str,
+        error: str,
+        event: EventSpec | None,
+        raised: Any = None,
     ) -> Operation[None]:
-        """Record that a step raised: its outcome is known (it reported failure)."""
-        yield Query(self.sql.FAIL_STEP, (now(), error, scope, step_key, owner))
+        """Record that a step raised: its outcome is known (it reported failure).
+        ``raised``: what a replay needs to raise it again (kept as the step's result)."""
+        rtype, rdata = self.dump(raised)
+        yield Query(self.sql.FAIL_STEP, (now(), error, rtype, rdata, scope, step_key, owner))
         if event is not None:
             yield from self.log(event)
         return None
+
+    def step_exists(self, scope: str, step_key: str) -> Operation[bool]:
+        """Whether a step has been claimed."""
+        return bool((yield Query(self.sql.STEP_EXISTS, (scope, step_key), fetch=True)))
 
     def release(self, scope: str, step_key: str, *, owner: str) -> Operation[None]:
         """Forget a claim whose call never began its effect (it paused for an interrupt)."""

@@ -20,6 +20,7 @@ import inspect
 import logging
 import operator
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -54,6 +55,7 @@ from agentcheck import (
     idempotent,
     side_effect,
 )
+from agentcheck import effects as effects_module
 from agentcheck.adapters.langgraph import durable_model
 from agentcheck.backends.base import Query
 from agentcheck.effects import (
@@ -61,9 +63,11 @@ from agentcheck.effects import (
     Done,
     EffectSpec,
     ProtocolRun,
+    ReplayedFailure,
     _AttemptRegistry,
     attempt_counters,
     protocol,
+    replayed_failure,
 )
 from agentcheck.journal import Event, Step
 from agentcheck.savers import SqliteSaver
@@ -851,6 +855,138 @@ async def test_durable_model_of_a_model_that_cannot_stream_streams_its_answer(
     final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
     assert final["messages"][-1].content == "hi there"
     assert inner.i == 1  # called once (the next answer would be "again"), then replayed
+
+
+@parametrize_kinds
+async def test_a_call_retried_inside_the_node_is_not_made_again_after_a_resume(
+    kind: str, saver: Any
+) -> None:
+    """The node retries a charge that raised (its own loop), then asks a human. On the
+    resume the first, failed call ran again (a failed step runs again), succeeded, and
+    charged a second time, never reaching the recorded retry. A failure the code went
+    on past is now replayed: raised again, as the same class, so the loop goes on to
+    the retry's record."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls, fail_first=1)
+
+    def after(result: Any) -> dict[str, Any]:
+        return {"out": [result, interrupt("ship it?")]}
+
+    if is_async(kind):
+
+        async def node(state: Log) -> dict[str, Any]:
+            for _ in range(3):
+                try:
+                    return after(await charge(5))
+                except Flaky:
+                    continue
+            raise AssertionError("unreachable")
+
+    else:
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            for _ in range(3):
+                try:
+                    return after(charge(5))
+                except Flaky:
+                    continue
+            raise AssertionError("unreachable")
+
+    graph = one_node_graph(node, saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert calls == [5, 5]  # failed, then charged
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+    assert calls == [5, 5]
+    assert final["out"][-2:] == [{"charged": 5, "run": 2}, "yes"]
+    steps = await call(saver.journal, "steps", kind, scope="t1")
+    assert sorted(s.status for s in steps) == ["completed", "failed"]
+
+
+class ProviderError(Exception):
+    """Like a provider SDK's error: its constructor wants more than a message."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RateLimited(BaseChatModel):
+    """Answers "answer <n>" with n its real calls, after refusing the first (a 429)."""
+
+    calls: list[str] = []
+
+    @property
+    def _llm_type(self) -> str:
+        return "rate-limited"
+
+    def _generate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
+        self.calls.append(str(messages[-1].content))
+        if len(self.calls) == 1:
+            raise ProviderError("rate limited", status=429)
+        answer = AIMessage(f"answer {len(self.calls)}")
+        return ChatResult(generations=[ChatGeneration(message=answer)])
+
+
+@parametrize_kinds
+async def test_a_model_call_retried_with_with_retry_is_not_paid_again_after_a_resume(
+    kind: str, saver: Any
+) -> None:
+    """durable_model(model).with_retry() around a provider that refuses the first call:
+    on the resume the refused call was made again, succeeded, and was paid for (a
+    different answer than the one recorded, whose tool calls would have new ids)."""
+    inner = RateLimited(calls=[])
+    model = durable_model(inner).with_retry(
+        retry_if_exception_type=(ProviderError,),  # raised again as its own class
+        stop_after_attempt=3,
+        wait_exponential_jitter=False,
+    )
+
+    def after(answer: Any) -> dict[str, Any]:
+        return {"out": [answer.content, interrupt("send it?")]}
+
+    if is_async(kind):
+
+        async def node(state: Log) -> dict[str, Any]:
+            return after(await model.ainvoke("hello"))
+
+    else:
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            return after(model.invoke("hello"))
+
+    graph = one_node_graph(node, saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert len(inner.calls) == 2
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+    assert len(inner.calls) == 2  # not paid again
+    assert final["out"][-2:] == ["answer 2", "yes"]
+
+
+def test_a_replayed_failure_is_of_the_class_that_was_raised() -> None:
+    """The exception of a failed step is rebuilt from its recorded class and arguments;
+    a class whose constructor wants other arguments is raised as a subclass of it and
+    of ReplayedFailure; a class in a module not imported here is not imported."""
+
+    def failed(exc: BaseException, raised: Any = None) -> Step:
+        raised = raised or effects_module._raised(exc)
+        return Step(
+            scope="s", step_key="k", run_id=None, kind="tool", name="charge",
+            effect="side_effect", status="failed", idempotency_key="ac-x", attempts=1,
+            owner="o", started_at="", finished_at=None, error=f"{type(exc).__name__}: {exc}",
+            interrupts=0, _args=lambda: None, _result=lambda: raised,
+        )  # fmt: skip
+
+    again = replayed_failure(failed(Flaky("card network down")))
+    assert type(again) is Flaky and again.args == ("card network down",)
+    again = replayed_failure(failed(ProviderError("rate limited", status=429)))
+    assert isinstance(again, ProviderError) and isinstance(again, ReplayedFailure)
+    assert "rate limited" in str(again)
+    unknown = failed(ValueError("x"), {"type": "not_imported_module:Boom", "args": ["x"]})
+    assert "not_imported_module" not in sys.modules
+    assert type(replayed_failure(unknown)) is ReplayedFailure
+    assert "not_imported_module" not in sys.modules
 
 
 # --------------------------------------------------------------------------- 2. node retry

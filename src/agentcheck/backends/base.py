@@ -660,9 +660,11 @@ class SQL:
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started' RETURNING owner"
     )
     FAIL_STEP = (
-        "UPDATE agentcheck_steps SET status = 'failed', finished_at = ?, error = ? "
+        "UPDATE agentcheck_steps SET status = 'failed', finished_at = ?, error = ?, "
+        "result_type = ?, result = ? "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
+    STEP_EXISTS = "SELECT 1 FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
     RELEASE_STEP = (
         "DELETE FROM agentcheck_steps "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
