@@ -482,11 +482,13 @@ def _protocol(
             scope=ctx.scope,
         )
         if step.status == "failed":
-            after = ctx.key_at((ordinal[0], ordinal[1] + 1))
-            if (yield _Db(lambda: ops.step_exists(ctx.scope, after), write=False)):
-                # The code went on past this failure to another call of the same name
-                # (its own retry, say): replay the failure, so that it goes the same
-                # way again, to that call's record, instead of running this one anew.
+            later = [ctx.key_at((ordinal[0], ordinal[1] + i)) for i in range(1, _RETRIES + 1)]
+            if (yield _Db(lambda: ops.any_completed(ctx.scope, later), write=False)):
+                # The code went on past this failure to a call of the same name that
+                # completed (its own retry, say): replay the failure, so that it goes
+                # the same way again, to that call's record, instead of running this
+                # one anew. (Failures that no success followed, as before a RetryPolicy
+                # runs the node again, run again.)
                 yield _Db(lambda: ops.log(event("replay", error=step.error)), False)
                 raise replayed_failure(step)
             # It raised last time: it reported its own failure, so running it is safe.
@@ -621,6 +623,11 @@ def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Ac
             break
     with ctx.lock:
         ctx.counters[_STORED] = 1
+
+
+# How many later calls of the same name are looked at for one that completed after a
+# failure (the retries of a loop).
+_RETRIES = 16
 
 
 class ReplayedFailure(AgentcheckError):

@@ -579,9 +579,10 @@ class JournalOps:
             yield from self.log(event)
         return None
 
-    def step_exists(self, scope: str, step_key: str) -> Operation[bool]:
-        """Whether a step has been claimed."""
-        return bool((yield Query(self.sql.STEP_EXISTS, (scope, step_key), fetch=True)))
+    def any_completed(self, scope: str, step_keys: Sequence[str]) -> Operation[bool]:
+        """Whether any of these steps is completed."""
+        sql = self.sql.ANY_STEP_COMPLETED.format(keys=in_list(len(step_keys)))
+        return bool((yield Query(sql, (scope, *step_keys), fetch=True)))
 
     def release(self, scope: str, step_key: str, *, owner: str) -> Operation[None]:
         """Forget a claim whose call never began its effect (it paused for an interrupt)."""

@@ -902,6 +902,45 @@ async def test_a_call_retried_inside_the_node_is_not_made_again_after_a_resume(
     assert sorted(s.status for s in steps) == ["completed", "failed"]
 
 
+@parametrize_kinds
+async def test_a_node_retry_after_its_own_retries_failed_retries_them_for_real(
+    kind: str, saver: Any
+) -> None:
+    """The node tries a charge three times, then gives up (raises); a RetryPolicy runs
+    the node again. Those failures were followed by no success, so the second attempt's
+    calls run for real, not as replays of the first attempt's failures (which would
+    leave it one real try instead of three)."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls, fail_first=4)
+
+    if is_async(kind):
+
+        async def node(state: Log) -> dict[str, Any]:
+            for attempt in range(3):
+                try:
+                    return {"out": [await charge(5)]}
+                except Flaky:
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
+
+    else:
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            for attempt in range(3):
+                try:
+                    return {"out": [charge(5)]}
+                except Flaky:
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
+
+    graph = one_node_graph(node, saver, retry=retry_twice())
+    final = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert calls == [5] * 5  # 3 failures, then in the node's second attempt 1 more and 1 good
+    assert final["out"] == [{"charged": 5, "run": 5}]
+
+
 class ProviderError(Exception):
     """Like a provider SDK's error: its constructor wants more than a message."""
 

@@ -664,7 +664,10 @@ class SQL:
         "result_type = ?, result = ? "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
-    STEP_EXISTS = "SELECT 1 FROM agentcheck_steps WHERE scope = ? AND step_key = ?"
+    ANY_STEP_COMPLETED = (
+        "SELECT 1 FROM agentcheck_steps WHERE scope = ? AND status = 'completed' "
+        "AND step_key IN ({keys}) LIMIT 1"
+    )
     RELEASE_STEP = (
         "DELETE FROM agentcheck_steps "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
