@@ -162,6 +162,12 @@ class CallContext:
             self.counters[base] = n + 1
         return base, n
 
+    def skip_past(self, base: str, n: int) -> None:
+        """Number the next call of ``base`` after ``n`` (a failed call replayed as its
+        retry #``n``: the calls after it keep the numbers they had)."""
+        with self.lock:
+            self.counters[base] = max(self.counters.get(base, 0), n + 1)
+
     def key_at(self, ordinal: tuple[str, int]) -> str:
         """The step key of a call given its :meth:`take_ordinal`."""
         return f"{self.key_prefix}|{ordinal[0]}#{ordinal[1]}"
@@ -483,14 +489,18 @@ def _protocol(
         )
         if step.status == "failed":
             later = [ctx.key_at((ordinal[0], ordinal[1] + i)) for i in range(1, _RETRIES + 1)]
-            if (yield _Db(lambda: ops.any_completed(ctx.scope, later), write=False)):
-                # The code went on past this failure to a call of the same name that
-                # completed (its own retry, say): replay the failure, so that it goes
-                # the same way again, to that call's record, instead of running this
-                # one anew. (Failures that no success followed, as before a RetryPolicy
-                # runs the node again, run again.)
-                yield _Db(lambda: ops.log(event("replay", error=step.error)), False)
-                raise replayed_failure(step)
+            done = yield _Db(lambda: ops.completed_among(ctx.scope, later), write=False)
+            retry = _its_retry(step, done)
+            if retry is not None:
+                # The code retried it (its own loop, a .with_retry()) and the retry
+                # completed: the retry's result is this call's, and the calls after it
+                # are numbered after the retry, as they were. Running this one anew
+                # would make the effect again and never reach the retry's record.
+                ctx.skip_past(ordinal[0], _ordinal_of(retry.step_key))
+                if retry.interrupts and ctx.skip_interrupts is not None:
+                    ctx.skip_interrupts(retry.interrupts)
+                yield _Db(lambda: ops.log(event("replay")), False)
+                return retry.result, idempotency_key_for(ctx.scope, retry.step_key)
             # It raised last time: it reported its own failure, so running it is safe.
             claim = yield claim_again(step)
         elif spec.reconcile is not None:
@@ -563,16 +573,10 @@ def _protocol(
             # not caught here: the call may have had its effect, so the step stays
             # "started" and its outcome unknown.)
             error = f"{type(exc).__name__}: {exc}"
-            raised = _raised(exc)
             yield _Db(
                 lambda: ops.fail(
-                    ctx.scope,
-                    step_key,
-                    owner=owner,
-                    error=error,
-                    event=event("error", error=error),
-                    raised=raised,
-                )  # fmt: skip
+                    ctx.scope, step_key, owner=owner, error=error, event=event("error", error=error)
+                )
             )
             raise
         tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
@@ -625,63 +629,25 @@ def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Ac
         ctx.counters[_STORED] = 1
 
 
-# How many later calls of the same name are looked at for one that completed after a
-# failure (the retries of a loop).
+# How many later calls of the same name are looked at for a retry of a failed one.
 _RETRIES = 16
 
 
-class ReplayedFailure(AgentcheckError):
-    """A recorded failure raised again on replay, when its exception cannot be rebuilt
-    as it was (a class not imported here, or whose arguments were not kept): see
-    :func:`replayed_failure`."""
+def _ordinal_of(step_key: str) -> int:
+    return int(step_key.rpartition("#")[2])
 
 
-_PLAIN_ARGS = (str, int, float, bool, type(None))
-
-
-def _raised(exc: BaseException) -> dict[str, Any]:
-    """What a replay needs to raise ``exc`` again: its class's import path, and its
-    arguments when they are plain values (else its text)."""
-    cls = type(exc)
-    args = list(exc.args) if all(type(a) in _PLAIN_ARGS for a in exc.args) else [str(exc)]
-    return {"type": f"{cls.__module__}:{cls.__qualname__}", "args": args}
-
-
-def replayed_failure(step: Step) -> Exception:
-    """The exception a failed step raised, raised again on replay: an instance of its
-    class, built from its recorded arguments, if that class is in a module imported
-    here (none is imported from what is stored); else an instance of a subclass of
-    both that class and :class:`ReplayedFailure` holding its text (so that an
-    ``except`` for the class still catches it); else a :class:`ReplayedFailure`."""
-    message = step.error or "the call failed"
-    try:
-        raised = step.result
-    except Exception:  # an unreadable record: the text is enough
-        raised = None
-    cls: Any = None
-    args: list[Any] = [message]
-    if isinstance(raised, dict) and isinstance(raised.get("type"), str):
-        module, _, qualname = raised["type"].partition(":")
-        found: Any = sys.modules.get(module)
-        for part in qualname.split("."):
-            found = getattr(found, part, None)
-        if isinstance(found, type) and issubclass(found, Exception):
-            cls = found
-            if isinstance(raised.get("args"), list):
-                args = raised["args"]
-    if cls is None:
-        return ReplayedFailure(message)
-    try:
-        return cls(*args)  # type: ignore[no-any-return]
-    except Exception:  # its constructor wants other arguments than its args
-        pass
-    try:
-        mixed = type(cls.__name__, (cls, ReplayedFailure), {"__module__": cls.__module__})
-        rebuilt: Exception = Exception.__new__(mixed)
-        Exception.__init__(rebuilt, message)
-        return rebuilt
-    except TypeError:  # a class that cannot be mixed in (a layout conflict)
-        return ReplayedFailure(message)
+def _its_retry(failed: Step, completed: list[Step]) -> Step | None:
+    """The first of the later calls of the same name that completed with the same
+    arguments as the failed one: a retry of it (a call with other arguments is another
+    call, and the failed one runs again)."""
+    for step in sorted(completed, key=lambda s: _ordinal_of(s.step_key)):
+        try:
+            if step.args == failed.args:
+                return step
+        except Exception:  # arguments that cannot be compared (or read): not a retry
+            continue
+    return None
 
 
 def _recent(started_at: str) -> bool:

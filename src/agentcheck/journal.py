@@ -569,20 +569,17 @@ class JournalOps:
         owner: str,
         error: str,
         event: EventSpec | None,
-        raised: Any = None,
     ) -> Operation[None]:
-        """Record that a step raised: its outcome is known (it reported failure).
-        ``raised``: what a replay needs to raise it again (kept as the step's result)."""
-        rtype, rdata = self.dump(raised)
-        yield Query(self.sql.FAIL_STEP, (now(), error, rtype, rdata, scope, step_key, owner))
+        """Record that a step raised: its outcome is known (it reported failure)."""
+        yield Query(self.sql.FAIL_STEP, (now(), error, scope, step_key, owner))
         if event is not None:
             yield from self.log(event)
         return None
 
-    def any_completed(self, scope: str, step_keys: Sequence[str]) -> Operation[bool]:
-        """Whether any of these steps is completed."""
-        sql = self.sql.ANY_STEP_COMPLETED.format(keys=in_list(len(step_keys)))
-        return bool((yield Query(sql, (scope, *step_keys), fetch=True)))
+    def completed_among(self, scope: str, step_keys: Sequence[str]) -> Operation[list[Step]]:
+        """Those of these steps that are completed."""
+        sql = self.sql.COMPLETED_STEPS_AMONG.format(keys=in_list(len(step_keys)))
+        return [self._step(row) for row in (yield Query(sql, (scope, *step_keys), fetch=True))]
 
     def release(self, scope: str, step_key: str, *, owner: str) -> Operation[None]:
         """Forget a claim whose call never began its effect (it paused for an interrupt)."""

@@ -20,7 +20,6 @@ import inspect
 import logging
 import operator
 import sqlite3
-import sys
 import threading
 import time
 import uuid
@@ -55,7 +54,6 @@ from agentcheck import (
     idempotent,
     side_effect,
 )
-from agentcheck import effects as effects_module
 from agentcheck.adapters.langgraph import durable_model
 from agentcheck.backends.base import Query
 from agentcheck.effects import (
@@ -63,11 +61,9 @@ from agentcheck.effects import (
     Done,
     EffectSpec,
     ProtocolRun,
-    ReplayedFailure,
     _AttemptRegistry,
     attempt_counters,
     protocol,
-    replayed_failure,
 )
 from agentcheck.journal import Event, Step
 from agentcheck.savers import SqliteSaver
@@ -863,9 +859,9 @@ async def test_a_call_retried_inside_the_node_is_not_made_again_after_a_resume(
 ) -> None:
     """The node retries a charge that raised (its own loop), then asks a human. On the
     resume the first, failed call ran again (a failed step runs again), succeeded, and
-    charged a second time, never reaching the recorded retry. A failure the code went
-    on past is now replayed: raised again, as the same class, so the loop goes on to
-    the retry's record."""
+    charged a second time, never reaching the recorded retry. A failed call whose retry
+    (a later call of the same name, with the same arguments) completed now returns the
+    retry's recorded result."""
     calls: list[int] = []
     charge = charge_fn(kind, calls, fail_first=1)
 
@@ -941,6 +937,51 @@ async def test_a_node_retry_after_its_own_retries_failed_retries_them_for_real(
     assert final["out"] == [{"charged": 5, "run": 5}]
 
 
+@parametrize_kinds
+async def test_a_failed_call_followed_by_another_call_of_the_name_runs_again(
+    kind: str, saver: Any
+) -> None:
+    """A charge to one card fails (the node goes on), a charge to another completes,
+    then the node fails and its RetryPolicy runs it again: the later charge, with other
+    arguments, is no retry of the failed one, which runs again (and goes through)."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls, fail_first=1)
+    node_runs: list[int] = []
+
+    def finish(results: list[Any]) -> dict[str, Any]:
+        node_runs.append(1)
+        if len(node_runs) == 1:
+            raise Flaky("the node's own trouble, after both charges")
+        return {"out": results}
+
+    if is_async(kind):
+
+        async def node(state: Log) -> dict[str, Any]:
+            results: list[Any] = []
+            for amount in (1, 2):
+                try:
+                    results.append(await charge(amount))
+                except Flaky:
+                    results.append("declined")
+            return finish(results)
+
+    else:
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            results: list[Any] = []
+            for amount in (1, 2):
+                try:
+                    results.append(charge(amount))
+                except Flaky:
+                    results.append("declined")
+            return finish(results)
+
+    graph = one_node_graph(node, saver, retry=retry_twice())
+    final = await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    assert calls == [1, 2, 1]  # the declined charge tried again; the other replayed
+    assert final["out"] == [{"charged": 1, "run": 3}, {"charged": 2, "run": 2}]
+
+
 class ProviderError(Exception):
     """Like a provider SDK's error: its constructor wants more than a message."""
 
@@ -1001,34 +1042,6 @@ async def test_a_model_call_retried_with_with_retry_is_not_paid_again_after_a_re
     final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
     assert len(inner.calls) == 2  # not paid again
     assert final["out"][-2:] == ["answer 2", "yes"]
-
-
-def test_a_replayed_failure_is_of_the_class_that_was_raised() -> None:
-    """The exception of a failed step is rebuilt from its recorded class and arguments;
-    a class whose constructor wants other arguments is raised as a subclass of it and
-    of ReplayedFailure; a class in a module not imported here is not imported."""
-
-    def failed(exc: BaseException, raised: Any = None) -> Step:
-        raised = raised or effects_module._raised(exc)
-        return Step(
-            scope="s", step_key="k", run_id=None, kind="tool", name="charge",
-            effect="side_effect", status="failed", idempotency_key="ac-x", attempts=1,
-            owner="o", started_at="", finished_at=None, error=f"{type(exc).__name__}: {exc}",
-            interrupts=0, _args=lambda: None, _result=lambda: raised,
-        )  # fmt: skip
-
-    again = replayed_failure(failed(Flaky("card network down")))
-    assert type(again) is Flaky and again.args == ("card network down",)
-    again = replayed_failure(failed(ProviderError("rate limited", status=429)))
-    assert isinstance(again, ProviderError) and isinstance(again, ReplayedFailure)
-    assert "rate limited" in str(again)
-    unknown = failed(ValueError("x"), {"type": "not_imported_module:Boom", "args": ["x"]})
-    assert "not_imported_module" not in sys.modules
-    assert type(replayed_failure(unknown)) is ReplayedFailure
-    assert "not_imported_module" not in sys.modules
-
-
-# --------------------------------------------------------------------------- 2. node retry
 
 
 @parametrize_kinds

@@ -660,13 +660,11 @@ class SQL:
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started' RETURNING owner"
     )
     FAIL_STEP = (
-        "UPDATE agentcheck_steps SET status = 'failed', finished_at = ?, error = ?, "
-        "result_type = ?, result = ? "
+        "UPDATE agentcheck_steps SET status = 'failed', finished_at = ?, error = ? "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
-    ANY_STEP_COMPLETED = (
-        "SELECT 1 FROM agentcheck_steps WHERE scope = ? AND status = 'completed' "
-        "AND step_key IN ({keys}) LIMIT 1"
+    COMPLETED_STEPS_AMONG = (
+        SELECT_STEPS + " WHERE scope = ? AND status = 'completed' AND step_key IN ({keys})"
     )
     RELEASE_STEP = (
         "DELETE FROM agentcheck_steps "
