@@ -1367,9 +1367,9 @@ async def test_a_late_goto_does_not_let_a_sibling_subgraph_restart_the_run(
 ) -> None:
     """Command(goto=["ask", "slow"]) to a finished thread, durability="async": ``ask``
     pauses the run (attempt 2) at once; the Command's writes reach the saver late
-    (simulated: 0.3 s), then ``slow`` (a subgraph) stores its node's write. Both belong
-    to the invocation that paused the run: it stays interrupted in attempt 2 (not
-    running for good, in a third)."""
+    (simulated: stored once the run has paused again), then ``slow`` (a subgraph)
+    stores its node's write. Both belong to the invocation that paused the run: it
+    stays interrupted in attempt 2 (not running for good, in a third)."""
     builder = StateGraph(Notes)
     builder.add_node("done", lambda state: {"notes": ["done"]})
     builder.add_node("ask", lambda state: {"notes": [interrupt("ask?")]})
@@ -1460,9 +1460,10 @@ async def test_a_late_resume_of_a_subgraph_that_pauses_again_is_no_restart(
     kind: str, saver: Any
 ) -> None:
     """``outer`` (a subgraph) pauses twice. Command(resume="yes") with
-    durability="async", its write reaching the saver late (simulated: 0.3 s): the
-    subgraph's first write starts attempt 2, outer pauses again, then the late resume
-    arrives. It belongs to that attempt: the run stays interrupted in attempt 2."""
+    durability="async", its write reaching the saver late (simulated: stored once the
+    run has paused again): the subgraph's first write starts attempt 2, outer pauses
+    again, then the late resume arrives. It belongs to that attempt: the run stays
+    interrupted in attempt 2."""
     graph = asking_twice_in_a_subgraph(saver, asking("two?"))
     run, events = run_with_late_writes(saver, graph, Command(resume="yes"))
     assert ("task", "interrupt", "inner_two") in events, events
@@ -1724,8 +1725,9 @@ async def test_late_resume_through_a_saver_that_does_not_know_the_run_is_no_rest
     """As test_a_late_resume_of_a_subgraph_that_pauses_again_is_no_restart, the resume
     sent through another saver (an API worker, a restarted process) that knows nothing of
     the run: the first write it sees (``ask``'s, pausing again) starts attempt 2, then
-    the resume's own write arrives late (simulated: 0.3 s). It belongs to attempt 2: the
-    run must read interrupted, not running for good in a third."""
+    the resume's own write arrives late (simulated: stored once the run has paused
+    again). It belongs to attempt 2: the run must read interrupted, not running for good
+    in a third."""
 
     def ask(state: Notes) -> Notes:
         return {"notes": [interrupt("one?"), interrupt("two?")]}
@@ -1751,8 +1753,9 @@ async def test_late_resume_of_a_subgraph_after_an_edit_starts_before_its_nodes(
     """``outer`` (a subgraph) pauses twice. After the first pause update_state edits the
     state and leaves ``outer`` pending (LangGraph runs it as a new task of the edit's
     checkpoint). A plain Command(resume="yes") whose write of no task reaches the saver
-    late (simulated: 0.3 s): attempt 2 must start before the events of the subgraph's
-    nodes it runs (as it does when the resume's write is not late), and end paused."""
+    late (simulated: stored once the run has paused again): attempt 2 must start before
+    the events of the subgraph's nodes it runs (as it does when the resume's write is
+    not late), and end paused."""
     graph = asking_twice_in_a_subgraph(saver, asking("two?"))
     events = resumed_late_after_an_edit(saver, graph)
     assert run_of_sync(saver) == ("interrupted", 2), events

@@ -488,15 +488,17 @@ def _protocol(
             scope=ctx.scope,
         )
         if step.status == "failed":
-            later = [ctx.key_at((ordinal[0], ordinal[1] + i)) for i in range(1, _RETRIES + 1)]
-            done = yield _Db(lambda: ops.completed_among(ctx.scope, later), write=False)
-            retry = _its_retry(step, done)
+            # The next 16 calls of the same name, by key (a retry loop's).
+            first, last = ordinal[1] + 1, ordinal[1] + 16
+            later = {ctx.key_at((ordinal[0], n)): n for n in range(first, last + 1)}
+            done = yield _Db(lambda: ops.completed_among(ctx.scope, list(later)), write=False)
+            retry = _its_retry(step, sorted(done, key=lambda s: later[s.step_key]))
             if retry is not None:
                 # The code retried it (its own loop, a .with_retry()) and the retry
                 # completed: the retry's result is this call's, and the calls after it
                 # are numbered after the retry, as they were. Running this one anew
                 # would make the effect again and never reach the retry's record.
-                ctx.skip_past(ordinal[0], _ordinal_of(retry.step_key))
+                ctx.skip_past(ordinal[0], later[retry.step_key])
                 if retry.interrupts and ctx.skip_interrupts is not None:
                     ctx.skip_interrupts(retry.interrupts)
                 yield _Db(lambda: ops.log(event("replay")), False)
@@ -629,19 +631,11 @@ def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Ac
         ctx.counters[_STORED] = 1
 
 
-# How many later calls of the same name are looked at for a retry of a failed one.
-_RETRIES = 16
-
-
-def _ordinal_of(step_key: str) -> int:
-    return int(step_key.rpartition("#")[2])
-
-
 def _its_retry(failed: Step, completed: list[Step]) -> Step | None:
-    """The first of the later calls of the same name that completed with the same
-    arguments as the failed one: a retry of it (a call with other arguments is another
-    call, and the failed one runs again)."""
-    for step in sorted(completed, key=lambda s: _ordinal_of(s.step_key)):
+    """The first of the later calls of the same name (in their order) that completed
+    with the same arguments as the failed one: a retry of it (a call with other
+    arguments is another call, and the failed one runs again)."""
+    for step in completed:
         try:
             if step.args == failed.args:
                 return step

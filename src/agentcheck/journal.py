@@ -73,7 +73,8 @@ def new_owner() -> str:
     ``host:pid:random`` and, where the system tells it, ``:the process's start time``
     (so that another process can tell whether the claim's process still runs, see
     :func:`owner_alive`)."""
-    return f"{_process_token(os.getpid())}:{uuid.uuid4().hex[:12]}{_start_suffix(os.getpid())}"
+    head, tail = _this_process(os.getpid())
+    return f"{head}:{uuid.uuid4().hex[:12]}{tail}"
 
 
 @functools.cache
@@ -82,14 +83,10 @@ def _host() -> str:
 
 
 @functools.lru_cache(maxsize=4)  # by pid: a forked child has its own
-def _process_token(pid: int) -> str:
-    return f"{_host()}:{pid}"
-
-
-@functools.lru_cache(maxsize=4)
-def _start_suffix(pid: int) -> str:
+def _this_process(pid: int) -> tuple[str, str]:
+    """``host:pid`` and ``:start time`` (or nothing) of an owner token of ``pid``."""
     started = process_start(pid)
-    return f":{started}" if started else ""
+    return f"{_host()}:{pid}", f":{started}" if started else ""
 
 
 def process_start(pid: int) -> str | None:
@@ -562,13 +559,7 @@ class JournalOps:
         return done
 
     def fail(
-        self,
-        scope: str,
-        step_key: str,
-        *,
-        owner: str,
-        error: str,
-        event: EventSpec | None,
+        self, scope: str, step_key: str, *, owner: str, error: str, event: EventSpec | None
     ) -> Operation[None]:
         """Record that a step raised: its outcome is known (it reported failure)."""
         yield Query(self.sql.FAIL_STEP, (now(), error, scope, step_key, owner))

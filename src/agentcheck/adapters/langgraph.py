@@ -178,29 +178,28 @@ def langgraph_context() -> CallContext | None:
     counters = attempt_counters.counters_for(scratchpad) if scratchpad is not None else {}
     callbacks = config.get("callbacks")
     parent_run_id = getattr(callbacks, "parent_run_id", None)
+    # The task's own checkpoint: that of the graph (namespace) that runs it.
+    checkpoints = conf.get("checkpoint_map") or {}
+    parent_ns, _, own = str(ns).rpartition("|")
+    own_checkpoint = checkpoints.get(parent_ns) if task_id else None
     resolve_prefix = None
-    if conf.get("__pregel_resuming") and task_id:
+    if conf.get("__pregel_resuming") and own_checkpoint:
         # Resumed: this task may go on with one that paused before an update_state.
-        parent_ns, _, own = str(ns).rpartition("|")
         node = own.partition(":")[0]
-        checkpoint_id = (conf.get("checkpoint_map") or {}).get(parent_ns)
-        if node and checkpoint_id:
+        if node:
             resolve_prefix = partial(
-                _continued_prefix, saver, str(thread_id), parent_ns, str(checkpoint_id),
+                _continued_prefix, saver, str(thread_id), parent_ns, str(own_checkpoint),
                 node, str(ns), str(task_id), _task_path(config),
             )  # fmt: skip
-    root_checkpoint = (conf.get("checkpoint_map") or {}).get("")
-    root = root_task(str(ns))
     stored_first = None
-    if conf.get("__pregel_durability", "async") == "async" and task_id:  # LangGraph's default
-        # The task's checkpoint may still be on its way to the database.
-        checkpoints = conf.get("checkpoint_map") or {}
-        own_checkpoint = checkpoints.get(str(ns).rpartition("|")[0])
-        if own_checkpoint:
-            # Stored under the outermost namespace the map gives it: a functional API
-            # @task's map names its entrypoint's task with the root's checkpoint.
-            stored_ns = min((k for k, v in checkpoints.items() if v == own_checkpoint), key=len)
-            stored_first = (str(thread_id), str(stored_ns), str(own_checkpoint))
+    if own_checkpoint and conf.get("__pregel_durability", "async") == "async":  # the default
+        # The task's checkpoint may still be on its way to the database. It is stored
+        # under the outermost namespace the map gives it: a functional API @task's map
+        # names its entrypoint's task with the root's checkpoint.
+        stored_ns = min((k for k, v in checkpoints.items() if v == own_checkpoint), key=len)
+        stored_first = (str(thread_id), str(stored_ns), str(own_checkpoint))
+    root_checkpoint = checkpoints.get("")
+    root = root_task(str(ns))
     return CallContext(
         stored_first=stored_first,
         journal=saver.journal,
@@ -383,18 +382,22 @@ def _usage(recorded: Any) -> tuple[int | None, int | None]:
 # invoke or ainvoke, before LangChain's callbacks run (an async handler, or a sync one
 # LangChain runs in a thread pool, lets calls started together by asyncio.gather reach
 # _generate in another order), or by batch for each input (whose calls run in threads).
-_reserved: ContextVar[tuple[str, int] | None] = ContextVar("agentcheck_model_ordinal", default=None)
+# The context is kept with it: resolving it again in _generate would cost a second look-up.
+_reserved: ContextVar[tuple[CallContext, tuple[str, int]] | None] = ContextVar(
+    "agentcheck_model_call", default=None
+)
 # Where batch hands each input's ordinal to invoke ("__": kept out of tracing metadata).
 _ORDINAL_KEY = "__agentcheck_model_ordinal"
 
 
-def _take_reserved() -> tuple[str, int] | None:
-    """The ordinal reserved for this call, once: a second model call under the same
-    invoke (none is expected) takes its own."""
-    ordinal = _reserved.get()
-    if ordinal is not None:
-        _reserved.set(None)
-    return ordinal
+def _call_context() -> tuple[CallContext | None, tuple[str, int] | None]:
+    """The context of the model call being made, and its ordinal if it was reserved
+    (once: a second model call under the same invoke, none is expected, takes its own)."""
+    reserved = _reserved.get()
+    if reserved is None:
+        return resolve_context(), None
+    _reserved.set(None)
+    return reserved
 
 
 class DurableChatModel(BaseChatModel):
@@ -442,28 +445,28 @@ class DurableChatModel(BaseChatModel):
         )  # fmt: skip
 
     def _protocol(
-        self, ctx: CallContext, messages: list[BaseMessage]
+        self, ctx: CallContext, messages: list[BaseMessage], ordinal: tuple[str, int] | None
     ) -> Generator[Any, Any, tuple[Any, str]]:
         args: dict[str, Any] = (
             {"messages": messages}
             if self.record_prompt
             else {"messages": len(messages), "last": messages[-1] if messages else None}
         )
-        return protocol(self._spec(), ctx, args, _take_reserved())
+        return protocol(self._spec(), ctx, args, ordinal)
 
     @contextmanager
     def _reservation(self, config: RunnableConfig | None) -> Iterator[None]:
         """This call's ordinal, taken now (or the one batch took for it), for its
-        _generate to use (nothing outside a journaled graph)."""
+        _generate to use, with its context (nothing outside a journaled graph)."""
+        ctx = resolve_context()
+        if ctx is None:
+            yield
+            return
         ordinal = ((config or {}).get("configurable") or {}).get(_ORDINAL_KEY)
         if ordinal is None:
-            ctx = resolve_context()
-            if ctx is None:
-                yield
-                return
             spec = self._spec()
             ordinal = ctx.take_ordinal(spec.kind, spec.name)
-        token = _reserved.set((str(ordinal[0]), int(ordinal[1])))
+        token = _reserved.set((ctx, (str(ordinal[0]), int(ordinal[1]))))
         try:
             yield
         finally:
@@ -560,7 +563,7 @@ class DurableChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        ctx = resolve_context()
+        ctx, ordinal = _call_context()
         if ctx is None:
             return self.inner._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
 
@@ -568,7 +571,7 @@ class DurableChatModel(BaseChatModel):
             result = self.inner._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
             return _record(result, run_manager.run_id if run_manager else None)
 
-        recorded = drive_sync(self._protocol(ctx, messages), ctx, self._spec(), call)
+        recorded = drive_sync(self._protocol(ctx, messages, ordinal), ctx, self._spec(), call)
         return _replay(recorded)
 
     async def _agenerate(
@@ -578,7 +581,7 @@ class DurableChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        ctx = resolve_context()
+        ctx, ordinal = _call_context()
         if ctx is None:
             return await self.inner._agenerate(
                 messages, stop=stop, run_manager=run_manager, **kwargs
@@ -590,7 +593,8 @@ class DurableChatModel(BaseChatModel):
             )
             return _record(result, run_manager.run_id if run_manager else None)
 
-        recorded = await drive_async(self._protocol(ctx, messages), ctx, self._spec(), call)
+        run = self._protocol(ctx, messages, ordinal)
+        recorded = await drive_async(run, ctx, self._spec(), call)
         return _replay(recorded)
 
     def _stream(
@@ -600,11 +604,11 @@ class DurableChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        ctx = resolve_context()
+        ctx, ordinal = _call_context()
         if ctx is None:
             yield from self.inner._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
             return
-        run = ProtocolRun(self._protocol(ctx, messages), ctx, self._spec())
+        run = ProtocolRun(self._protocol(ctx, messages, ordinal), ctx, self._spec())
         step = run.to_call()
         if isinstance(step, Done):  # recorded: replay the message, no call
             yield from _replay_chunks(step.result)
@@ -627,14 +631,14 @@ class DurableChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        ctx = resolve_context()
+        ctx, ordinal = _call_context()
         if ctx is None:
             async for chunk in self.inner._astream(
                 messages, stop=stop, run_manager=run_manager, **kwargs
             ):
                 yield chunk
             return
-        run = ProtocolRun(self._protocol(ctx, messages), ctx, self._spec())
+        run = ProtocolRun(self._protocol(ctx, messages, ordinal), ctx, self._spec())
         step = await run.ato_call()
         if isinstance(step, Done):
             for chunk in _replay_chunks(step.result):

@@ -461,7 +461,6 @@ class SQL:
         "FROM agentcheck_writes WHERE thread_id = ? AND checkpoint_ns = ? "
         "AND checkpoint_id IN ({ids}) AND channel IN ({channels})"
     )
-    # The ancestors of a checkpoint, nearest first, in one recursive query.
     # Whether a checkpoint is stored, and whether its namespace has any checkpoint.
     CHECKPOINT_STORED = (
         "SELECT checkpoint_id = ? FROM agentcheck_checkpoints WHERE thread_id = ? "
@@ -472,6 +471,7 @@ class SQL:
         "SELECT checkpoint_id, metadata_type, metadata FROM agentcheck_checkpoints "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND parent_checkpoint_id = ?"
     )
+    # The ancestors of a checkpoint, nearest first, in one recursive query.
     SELECT_CHAIN = (
         "WITH RECURSIVE chain(checkpoint_id, parent_checkpoint_id, depth) AS ("
         "SELECT checkpoint_id, parent_checkpoint_id, 0 FROM agentcheck_checkpoints "

@@ -25,8 +25,9 @@ import json
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -49,7 +50,14 @@ from agentcheck._errors import CorruptDataError
 from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
-from agentcheck.savers._runs import OUTSIDE_EDITS, UPDATE_PATH, RunJournal, node_name, triggers
+from agentcheck.savers._runs import (
+    OUTSIDE_EDITS,
+    UPDATE_PATH,
+    RunJournal,
+    node_name,
+    push_index,
+    triggers,
+)
 from agentcheck.savers._terms import metadata_terms
 from agentcheck.serde import (
     MESSAGE_LIST,
@@ -140,18 +148,26 @@ class ListPages:
         self.until: str | None = None
         self.seen: set[tuple[str, str, str]] = set()  # handed out, of id ``until``
         self.done = limit is not None and limit <= 0
+        self.asked = 0  # rows the page being read asks for
         self.terms: list[str] | None = None  # the filter's, rarest first (see _list)
 
-    def request(self) -> tuple[str | None, int] | None:
-        """The next page's ``until`` and how many rows to ask for; None when done."""
-        if self.done:
-            return None
-        size = self.size if self.remaining is None else min(self.size, self.remaining)
-        return self.until, size + len(self.seen)
+    def reads(
+        self,
+        list_page: Callable[..., Operation[list[CheckpointTuple]]],
+        config: RunnableConfig | None,
+        filter: Mapping[str, Any] | None,
+        before: RunnableConfig | None,
+    ) -> Iterator[Callable[[], Operation[list[CheckpointTuple]]]]:
+        """The operations that read the pages (``SaverCore._list``), one after another:
+        each page's tuples go through :meth:`take` before the next is asked for."""
+        while not self.done:
+            size = self.size if self.remaining is None else min(self.size, self.remaining)
+            self.asked = size + len(self.seen)
+            yield partial(list_page, config, filter, before, self.asked, self)
 
-    def take(self, tuples: list[CheckpointTuple], asked: int) -> list[CheckpointTuple]:
+    def take(self, tuples: list[CheckpointTuple]) -> list[CheckpointTuple]:
         """The tuples of a page not handed out yet (at most what is left of the limit)."""
-        if len(tuples) < asked:
+        if len(tuples) < self.asked:
             self.done = True  # nothing older
         fresh = [t for t in tuples if _key_of(t) not in self.seen]
         if self.remaining is not None:
@@ -170,17 +186,6 @@ class ListPages:
 def _key_of(t: CheckpointTuple) -> tuple[str, str, str]:
     conf = t.config["configurable"]
     return (conf["thread_id"], conf["checkpoint_ns"], conf["checkpoint_id"])
-
-
-def _push_index(path: str | None) -> int | None:
-    """The index of a Send's task among the pending Sends, from its path
-    (``~__pregel_push, 0000000002, ...``); None for any other task."""
-    if not path:
-        return None
-    parts = [p.strip() for p in path.lstrip("~").split(",")]
-    if len(parts) >= 2 and parts[0] == "__pregel_push" and parts[1].isdigit():
-        return int(parts[1])
-    return None
 
 
 def _sends_to(values: Mapping[str, Any], index: int, node: str) -> bool:
@@ -677,7 +682,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         writes): the task that ran there is the one of the same path, which tells apart
         the tasks of one node that Sends made (the same Send, at the same index of the
         pending Sends). Without it, the one task of ``node``."""
-        push = _push_index(path)
+        push = push_index(path)
         found_task: str | None = None
         for _ in range(16):  # updates made one after another
             found = yield from self._get_tuple(
@@ -778,11 +783,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         filter: Mapping[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
-        until: str | None = None,
         pages: ListPages | None = None,
     ) -> Operation[list[CheckpointTuple]]:
-        """One page of a list (see :class:`ListPages`); ``until``: no checkpoint id above
-        this one. The filter's terms are ranked for the first page only."""
+        """One page of a list (see :class:`ListPages`: it starts at the checkpoint id the
+        page before ended at). The filter's terms are ranked for the first page only."""
+        until = None if pages is None else pages.until
         if pages is not None and pages.terms is not None:
             terms = pages.terms
         else:

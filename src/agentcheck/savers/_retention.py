@@ -110,7 +110,7 @@ class RetentionCore(SaverCore):
         latest = rows[0]
         keep = {latest[0]}
         meta = self._load_metadata(latest[4], latest[5], (thread_id, ns, latest[0]))
-        delta_channels = set((meta or {}).get("counters_since_delta_snapshot") or {})
+        delta_channels = set(meta.get("counters_since_delta_snapshot") or {})
         if delta_channels:
             blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
             stored = {(ch, v) for ch, v, type_ in blob_rows if type_ != _EMPTY}

@@ -18,21 +18,41 @@ from agentcheck import _task_names as task_names
 from agentcheck.backends.base import OnCommit, Operation
 from agentcheck.journal import EventSpec, JournalOps
 
-__all__ = ["OUTSIDE_EDITS", "UPDATE_PATH", "RunJournal", "node_name", "root_task", "triggers"]
+__all__ = [
+    "OUTSIDE_EDITS",
+    "UPDATE_PATH",
+    "RunJournal",
+    "node_name",
+    "push_index",
+    "root_task",
+    "triggers",
+]
+
+
+def _path_parts(task_path: str) -> list[str]:
+    return [p.strip() for p in task_path.lstrip("~").split(",")]
 
 
 def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | None:
     """The node of a task path: ``~__pregel_pull, agent`` names it; a Send task's
     ``~__pregel_push, 0000000002, ...`` indexes the checkpoint's pending Sends."""
-    parts = [p.strip() for p in task_path.lstrip("~").split(",")]
+    parts = _path_parts(task_path)
     if len(parts) >= 3 and parts[2] == _ERROR_HANDLER:
         return None  # a node's error handler, whose path is the failed node's
     if len(parts) >= 2 and parts[0] == "__pregel_pull":
         return parts[1]
-    if len(parts) >= 2 and parts[0] == "__pregel_push" and push_nodes and parts[1].isdigit():
-        index = int(parts[1])
-        if index < len(push_nodes) and push_nodes[index]:
-            return push_nodes[index]
+    index = push_index(task_path)
+    if index is not None and push_nodes and index < len(push_nodes) and push_nodes[index]:
+        return push_nodes[index]
+    return None
+
+
+def push_index(task_path: str | None) -> int | None:
+    """The index among the checkpoint's pending Sends of a Send's task, from its path
+    (``~__pregel_push, 0000000002, ...``); None for any other task."""
+    parts = _path_parts(task_path) if task_path else []
+    if len(parts) >= 2 and parts[0] == "__pregel_push" and parts[1].isdigit():
+        return int(parts[1])
     return None
 
 

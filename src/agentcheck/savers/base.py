@@ -136,10 +136,8 @@ class SyncSaver(RetentionCore):
         """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first
         (read a page at a time, see :class:`~agentcheck.savers._core.ListPages`)."""
         pages = ListPages(limit)
-        while (page := pages.request()) is not None:
-            until, size = page
-            read = partial(self._list, config, filter, before, size, until, pages)
-            yield from pages.take(self._call(read, False), size)
+        for read in pages.reads(self._list, config, filter, before):
+            yield from pages.take(self._call(read, False))
 
     def put(
         self,
@@ -210,10 +208,8 @@ class SyncSaver(RetentionCore):
     ) -> AsyncIterator[CheckpointTuple]:
         """The same from async code: each page read in a worker thread."""
         pages = ListPages(limit)
-        while (page := pages.request()) is not None:
-            until, size = page
-            read = partial(self._list, config, filter, before, size, until, pages)
-            for item in pages.take(await asyncio.to_thread(self._call, read, False), size):
+        for read in pages.reads(self._list, config, filter, before):
+            for item in pages.take(await asyncio.to_thread(self._call, read, False)):
                 yield item
 
     async def aput(
@@ -340,10 +336,8 @@ class AsyncSaver(RetentionCore):
         """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first
         (read a page at a time, see :class:`~agentcheck.savers._core.ListPages`)."""
         pages = ListPages(limit)
-        while (page := pages.request()) is not None:
-            until, size = page
-            read = partial(self._list, config, filter, before, size, until, pages)
-            for item in pages.take(await self._call(read, False), size):
+        for read in pages.reads(self._list, config, filter, before):
+            for item in pages.take(await self._call(read, False)):
                 yield item
 
     async def aput(
@@ -414,10 +408,8 @@ class AsyncSaver(RetentionCore):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         pages = ListPages(limit)
-        while (page := pages.request()) is not None:
-            until, size = page
-            read = partial(self._list, config, filter, before, size, until, pages)
-            yield from pages.take(self._sync(self._call(read, False)), size)
+        for read in pages.reads(self._list, config, filter, before):
+            yield from pages.take(self._sync(self._call(read, False)))
 
     def put(
         self,
