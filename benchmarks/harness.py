@@ -30,6 +30,7 @@ __all__ = [
     "DBS",
     "IMPLS",
     "POOL_KWARGS",
+    "pool_of",
     "Databases",
     "Db",
     "Impl",
@@ -169,7 +170,7 @@ class Databases:
             raise RuntimeError("PostgreSQL was not started")
         server = self.pg
         url = server.create_database(f"bench_{name}_{impl}")
-        pool = _pool(url, POOL_MAX_SIZE)
+        pool = pool_of(url, POOL_MAX_SIZE)
         saver = _postgres_saver(impl, pool)
 
         def size_bytes() -> int:
@@ -184,7 +185,7 @@ class Databases:
 
         @contextmanager
         def bulk() -> Iterator[BaseCheckpointSaver[Any]]:
-            fast = _pool(url, 2, options="-c synchronous_commit=off")
+            fast = pool_of(url, 2, options="-c synchronous_commit=off")
             try:
                 yield _postgres_saver(impl, fast, setup=False)
             finally:
@@ -202,7 +203,7 @@ class Databases:
             server.drop_database(url)
 
 
-def _pool(url: str, max_size: int, **extra: Any) -> ConnectionPool[Any]:
+def pool_of(url: str, max_size: int, **extra: Any) -> ConnectionPool[Any]:
     pool: ConnectionPool[Any] = ConnectionPool(
         url, min_size=1, max_size=max_size, kwargs={**POOL_KWARGS, **extra}, open=False
     )

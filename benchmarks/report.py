@@ -17,11 +17,13 @@ Unit = Literal["ms", "bytes", "x"]
 
 @dataclass(frozen=True)
 class Summary:
-    """Median and 95th percentile of a metric's samples (p95 is None for one value)."""
+    """Median, 95th percentile and mean of a metric's samples (p95 and mean are None for
+    one value). The p95 is the nearest-rank one: of fewer than 20 samples, their maximum."""
 
     median: float
     p95: float | None
     n: int
+    mean: float | None = None
 
     @classmethod
     def of(cls, samples: Sequence[float]) -> Summary:
@@ -31,7 +33,9 @@ class Summary:
         if len(ordered) == 1:
             return cls(ordered[0], None, 1)
         rank = max(1, math.ceil(0.95 * len(ordered)))  # nearest-rank percentile
-        return cls(statistics.median(ordered), ordered[rank - 1], len(ordered))
+        return cls(
+            statistics.median(ordered), ordered[rank - 1], len(ordered), statistics.fmean(ordered)
+        )
 
     @classmethod
     def single(cls, value: float) -> Summary:
@@ -63,10 +67,20 @@ class Row:
 
     @property
     def ratio(self) -> float | None:
-        """agentcheck median / official median."""
-        if self.agentcheck is None or self.official is None or self.official.median == 0:
-            return None
-        return self.agentcheck.median / self.official.median
+        """agentcheck median / official median; None unless both are above zero (an
+        added time, a difference of two medians, can come out at or below zero on noise,
+        and a ratio of it means nothing)."""
+        ours, theirs = self.agentcheck, self.official
+        return _ratio(ours.median if ours else None, theirs.median if theirs else None)
+
+    @property
+    def mean_ratio(self) -> float | None:
+        """agentcheck mean / official mean, where both have several samples: what the
+        median leaves out shows here (agentcheck's put stores a whole snapshot of a list
+        every so many deltas; the official saver's commits now and then run SQLite's
+        WAL checkpoint)."""
+        ours, theirs = self.agentcheck, self.official
+        return _ratio(ours.mean if ours else None, theirs.mean if theirs else None)
 
     @property
     def met(self) -> bool | None:
@@ -88,9 +102,16 @@ class Row:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["ratio"] = self.ratio
+        data["mean_ratio"] = self.mean_ratio
         data["met"] = self.met
         data["target_text"] = self.target_text()
         return data
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    if ours is None or theirs is None or ours <= 0 or theirs <= 0:
+        return None
+    return ours / theirs
 
 
 def format_value(value: float | None, unit: Unit) -> str:
