@@ -402,6 +402,39 @@ async def test_prune_and_delete_for_runs_report_a_damaged_row_as_corrupt(
         assert left == [(3,)]
 
 
+@pytest.mark.parametrize(
+    ("operation", "args"),
+    [
+        ("prune", ("AB",)),
+        ("prune", ("AB", "delete")),
+        ("delete_for_runs", ("AB",)),
+        ("prune", (b"AB",)),
+    ],
+)
+@pytest.mark.parametrize("kind", KINDS)
+async def test_prune_and_delete_for_runs_refuse_a_single_string(
+    kind: str, operation: str, args: tuple[Any, ...], sqlite_path: str, pg_url: str
+) -> None:
+    """A string is a sequence of one-character strings: prune("AB") pruned, and with
+    strategy="delete" deleted, threads "A" and "B" and left "AB" alone (and
+    delete_for_runs("AB") deleted the checkpoints of runs "A" and "B"). It is refused with
+    a TypeError that says how to name one id, and nothing is touched."""
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        for thread in ("A", "B", "AB"):
+            cfg = generate_config(thread)
+            for step in range(2):
+                cp = checkpoint_with({"x": [thread, step]}, {"x": step + 1})
+                meta = {"run_id": thread[:1]}
+                cfg = await call(kind, saver, "put", cfg, cp, meta, {"x": step + 1})
+        positional, strategy = args[:1], args[1:]
+        kwargs = {"strategy": strategy[0]} if strategy else {}
+        with pytest.raises(TypeError, match=r"not a single (str|bytes) \(for one id, pass \["):
+            await call(kind, saver, operation, *positional, **kwargs)
+        for thread in ("A", "B", "AB"):
+            listed = await list_all(kind, saver, generate_config(thread))
+            assert len(listed) == 2, thread
+
+
 # --------------------------------------------------------------------------- 4. hostile metadata
 
 HOSTILE_STRINGS = [

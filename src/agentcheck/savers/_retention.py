@@ -17,6 +17,17 @@ from agentcheck.savers._deltas import BASES_KEY, DELTA
 __all__ = ["RetentionCore"]
 
 
+def _id_list(ids: Sequence[str], what: str) -> list[str]:
+    """The ids of a call that takes several, refusing a lone string: iterated, it would
+    name one thread or run per character, and delete those."""
+    if isinstance(ids, (str, bytes)):
+        raise TypeError(
+            f"{what} must be a list of ids, not a single {type(ids).__name__} "
+            f"(for one id, pass [{ids!r}])"
+        )
+    return [str(i) for i in ids]
+
+
 class RetentionCore(SaverCore):
     """:class:`SaverCore` with the operations that remove or copy what is stored."""
 
@@ -29,7 +40,7 @@ class RetentionCore(SaverCore):
         return None
 
     def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:
-        terms = [self._term(str(r)) for r in run_ids]
+        terms = [self._term(r) for r in _id_list(run_ids, "run_ids")]
         doomed: list[tuple[str, str, str]] = []
         for chunk in _chunks(terms):
             rows = yield Query(
@@ -86,13 +97,14 @@ class RetentionCore(SaverCore):
         return None
 
     def _prune(self, thread_ids: Sequence[str], strategy: str) -> Operation[None]:
+        ids = _id_list(thread_ids, "thread_ids")
         if strategy == "delete":
-            for thread_id in thread_ids:
+            for thread_id in ids:
                 yield from self._delete_thread(thread_id)
             return None
         if strategy != "keep_latest":
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
-        for thread_id in map(str, thread_ids):
+        for thread_id in ids:
             self.list_deltas.clear_thread(thread_id)
             ns_rows = yield Query(self.sql.SELECT_THREAD_NAMESPACES, (thread_id,), fetch=True)
             for (ns,) in ns_rows:
