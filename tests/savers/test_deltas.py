@@ -8,6 +8,8 @@ import contextlib
 import dataclasses
 import json
 import operator
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -15,12 +17,14 @@ from decimal import Decimal
 from typing import Annotated, Any, Generic, TypedDict, TypeVar
 
 import ormsgpack
+import psycopg
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
 from agentcheck import CorruptDataError, generate_key
+from agentcheck.savers import PostgresSaver
 from agentcheck.savers._deltas import (
     ListDeltas,
     pack_delta,
@@ -932,3 +936,90 @@ async def test_a_thread_deleted_through_another_saver_stays_readable(
         assert len(state.values["docs"]) == expected
         for snapshot in await history(tools_graph().compile(checkpointer=fresh), kind, config):
             assert snapshot.values.get("tools") in (None, [f"tool_{i}" for i in range(10)])
+
+
+def _tools_turn(question: str) -> tuple[Tools, Any]:
+    return {"question": question}, {"configurable": {"thread_id": "t1"}}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_delta_whose_snapshot_escaped_nothing_else_is_stored_whole(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A value written while another saver deleted the thread escapes that delete (on
+    PostgreSQL the delete's statement does not see a row committed after it began); the
+    snapshot that value's chain starts from does not. Only the value a delta was built
+    on was checked: A's next put stored a delta on the escaped row, and the thread could
+    not be read. The put now also checks the chain's snapshot, finds it gone and stores
+    the values whole. (The escaped row is left by raw SQL here; the race that leaves it
+    is timing.)"""
+    config = {"configurable": {"thread_id": "t1"}}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as a:
+        graph = tools_graph().compile(checkpointer=a)
+        for question in ("q1", "q2", "q3", "q4"):
+            await call(graph, "invoke", kind, *_tools_turn(question))
+        newest = "SELECT MAX(version) FROM agentcheck_blobs WHERE thread_id = 't1' AND channel = ?"
+        [(escaped,)] = raw_sql(kind, sqlite_path, pg_url, newest, ("tools",))
+        for table in ("agentcheck_writes", "agentcheck_metadata_terms", "agentcheck_checkpoints"):
+            raw_sql(kind, sqlite_path, pg_url, f"DELETE FROM {table} WHERE thread_id = 't1'")  # noqa: S608
+        raw_sql(
+            kind, sqlite_path, pg_url,
+            "DELETE FROM agentcheck_blobs WHERE thread_id = 't1' "
+            "AND NOT (channel = 'tools' AND version = ?)", (escaped,),
+        )  # fmt: skip
+        count = "SELECT COUNT(*) FROM agentcheck_blobs WHERE thread_id = 't1'"
+        [(kept,)] = raw_sql(kind, sqlite_path, pg_url, count)
+        assert kept == 1
+        await call(graph, "invoke", kind, *_tools_turn("q5"))
+        state = await call(graph, "get_state", kind, config)
+        assert state.values["tools"] == [f"tool_{i}" for i in range(10)]
+        assert len(state.values["docs"]) == 3
+
+
+def test_postgres_a_put_during_another_savers_delete_waits_for_it(pg_url: str) -> None:
+    """PostgreSQL, two workers: B's delete_thread has deleted the thread's values and
+    waits (here for a row a third connection holds) before it commits; A goes on with
+    the thread meanwhile. A's put counted the value its delta is built on, saw it (the
+    delete was not committed) and stored the delta; B then committed, and A's checkpoint
+    could not be read. The count now locks the rows it counts: A's put waits for B,
+    finds the value gone and stores the values whole."""
+    config = {"configurable": {"thread_id": "t1"}}
+    with (
+        PostgresSaver.from_conn_string(pg_url) as a,
+        PostgresSaver.from_conn_string(pg_url) as b,
+        psycopg.connect(pg_url) as holder,
+    ):
+        a.setup()
+        graph = tools_graph().compile(checkpointer=a)
+        for question in ("q1", "q2", "q3", "q4"):
+            graph.invoke(*_tools_turn(question))
+        holder.execute(
+            "SELECT 1 FROM agentcheck_checkpoints WHERE thread_id = 't1' LIMIT 1 FOR UPDATE"
+        )
+        errors: list[BaseException] = []
+
+        def run(fn: Any, *args: Any) -> threading.Thread:
+            def target() -> None:
+                try:
+                    fn(*args)
+                except BaseException as exc:  # reported by the assertion below
+                    errors.append(exc)
+
+            thread = threading.Thread(target=target)
+            thread.start()
+            return thread
+
+        deleting = run(b.delete_thread, "t1")
+        time.sleep(1.0)  # B has deleted the values and waits for the held row
+        going_on = run(graph.invoke, *_tools_turn("q5"))
+        time.sleep(1.0)  # A's put is under way
+        holder.rollback()  # B commits
+        deleting.join(30)
+        going_on.join(30)
+        assert not deleting.is_alive() and not going_on.is_alive()
+        assert errors == []
+        # A read q4's checkpoint before B committed: q5 goes on from it (12 + 3 docs).
+        for reader in (graph, tools_graph().compile(checkpointer=b)):
+            state = reader.get_state(config)
+            assert state.values["tools"] == [f"tool_{i}" for i in range(10)]
+            assert len(state.values["docs"]) == 15

@@ -1011,11 +1011,11 @@ def test_only_statements_that_cannot_see_each_other_are_joined() -> None:
     assert joined(((write, 0, False), (lower, 0, False))) is None
     # A check (Query.check: changes nothing, fails if what it reads is not as expected)
     # joins whatever it reads, before the statements that write the same table.
-    check, blob = PostgresSQL.CHECK_BLOB, SQL.INSERT_BLOB
-    assert check is not None
+    assert PostgresSQL.CHECK_BLOBS is not None
+    check, blob = PostgresSQL.CHECK_BLOBS.format(pairs="(?, ?), (?, ?)"), SQL.INSERT_BLOB
     put = joined(((check, 0, True, True), (blob, 2, False), (SQL.UPSERT_CHECKPOINT, 0, False)))
     assert put is not None and put.startswith("WITH s0 AS (INSERT INTO agentcheck_blobs")
-    assert put.count("SELECT") == 2  # the check's own
+    assert put.count("SELECT") == 3  # the check's own
 
 
 @pytest.mark.parametrize("kind", SYNC_KINDS)

@@ -218,6 +218,11 @@ def in_list(n: int) -> str:
     return ", ".join("?" * n)
 
 
+def pair_list(n: int) -> str:
+    """``(?, ?), (?, ?)`` with ``n`` pairs of placeholders (``n`` >= 1)."""
+    return ", ".join(["(?, ?)"] * n)
+
+
 # A checkpoint and all that a read of it needs, in one statement (one round trip on
 # PostgreSQL): the checkpoint row (part 0), the stored values its ``blob_keys`` name
 # (part 1: {blobs}, per database, expands the keys and looks each up), and its pending
@@ -271,16 +276,31 @@ class SQL:
         "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type, blob) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
     )
-    # Whether the stored value a delta is built on is still there (another saver may
-    # have deleted it; the values it is built from in turn are kept as long as it is).
+    # How many of the given stored values are still there: for each delta of a put,
+    # the snapshot its chain starts from and the value it is built on (another saver may
+    # have deleted the thread, or pruned it; the values between them are kept as long as
+    # both are). Both, because a value written while another saver deleted the thread
+    # can escape that delete, and the snapshot it is built from does not. {pairs}: a
+    # "(?, ?)" per (channel, version). Parameters: the pairs, thread, namespace. Driven
+    # from the pairs, each a primary-key look-up (an IN over row values would scan the
+    # thread's values on PostgreSQL).
     # SQLite reads the answer; a backend that sends a write's statements without waiting
-    # for answers (PostgreSQL) sets CHECK_BLOB, a statement (Query.check) given the same
-    # parameters that fails with SQLSTATE 22012 (division by zero) if it is not.
-    HAS_BLOB = (
-        "SELECT 1 FROM agentcheck_blobs WHERE thread_id = ? AND checkpoint_ns = ? "
-        "AND channel = ? AND version = ?"
+    # for answers (PostgreSQL) sets CHECK_BLOBS, a statement (Query.check) given the same
+    # parameters and the count expected that fails with SQLSTATE 22012 (division by
+    # zero) if fewer are found.
+    COUNT_BLOBS = (
+        "SELECT COUNT(*) FROM (VALUES {pairs}) AS k CROSS JOIN agentcheck_blobs AS b "
+        "WHERE b.thread_id = ? AND b.checkpoint_ns = ? "
+        "AND b.channel = k.column1 AND b.version = k.column2"
     )
-    CHECK_BLOB: str | None = None
+    CHECK_BLOBS: str | None = None
+    # Taken first by what deletes stored values of a thread (delete_thread, prune,
+    # delete_for_runs), where a database runs writers side by side (PostgreSQL): every
+    # value row of the thread locked in one order, so that a put building deltas on them
+    # (CHECK_BLOBS locks the rows it counts, in the same order) either commits first,
+    # and is then seen by the deletion's next statements, or waits for the deletion and
+    # finds its values gone. None on SQLite, whose writers take turns.
+    LOCK_THREAD_VALUES: str | None = None
     # Where a put's metadata terms go. With PENDING_TERMS (SQLite), into
     # agentcheck_pending_terms, one row per checkpoint (one B-tree page), moved into the
     # index, agentcheck_metadata_terms, a few dozen checkpoints at a time (by the saver,

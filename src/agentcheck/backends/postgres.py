@@ -83,15 +83,29 @@ class PostgresSQL(SQL):
         + _EVENT_FROM
     )
     MARK_SUCCEEDED_LOGGED = "WITH changed AS (" + SQL.MARK_SUCCEEDED + ") " + _EVENT_FROM
-    # An insert of nothing, unless the value is missing: then a division by zero (of a
+    # An insert of nothing, unless a value is missing: then a division by zero (of a
     # value the planner cannot fold) fails it, and the put with it. Written as an insert
-    # so that it joins the put's statement (see _parts).
-    # (Fixed text around HAS_BLOB's look-up, counted: no input is formatted in.)
-    CHECK_BLOB = (
-        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type) "  # noqa: S608
-        "SELECT '', '', '', '', (1 / (c.n - c.n))::text FROM ("
-        + SQL.HAS_BLOB.replace("SELECT 1 ", "SELECT COUNT(*) AS n ", 1)
-        + ") AS c WHERE c.n = 0"
+    # so that it joins the put's statement (see _parts). The rows are locked (FOR KEY
+    # SHARE) to be counted: under READ COMMITTED a plain count still sees a row that
+    # another transaction has deleted but not yet committed, and the delta would then
+    # be stored on a value about to be gone; locked, the count waits for that
+    # transaction and leaves the row out once it is deleted. One statement for all the
+    # put's deltas, locking in LOCK_THREAD_VALUES' order: a put and a deletion never
+    # wait for each other both. (Blob rows are never updated: the lock holds up only a
+    # delete of those very rows.) Parameters as COUNT_BLOBS', then the count expected.
+    # ({pairs} is placeholders: no input is formatted in.)
+    CHECK_BLOBS = (
+        "INSERT INTO agentcheck_blobs (thread_id, checkpoint_ns, channel, version, type) "
+        "SELECT '', '', '', '', (1 / (c.n - c.n))::text FROM (SELECT COUNT(*) AS n "
+        # LATERAL: a primary-key look-up per pair, in the pairs' order (the planner,
+        # left to join them, may scan the thread's values instead).
+        "FROM (VALUES {pairs}) AS k CROSS JOIN LATERAL (SELECT 1 FROM agentcheck_blobs AS b "
+        "WHERE b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = k.column1 "
+        "AND b.version = k.column2 FOR KEY SHARE) AS l) AS c WHERE c.n < ?"
+    )
+    LOCK_THREAD_VALUES = (
+        "SELECT COUNT(*) FROM (SELECT 1 FROM agentcheck_blobs WHERE thread_id = ? "
+        "ORDER BY checkpoint_ns, channel, version FOR UPDATE) AS v"
     )
     # The keys as one text, channel and version after channel and version, separated by
     # the unit separator (chr(31)), split here into an array: no text can make the

@@ -47,7 +47,16 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from agentcheck._errors import CorruptDataError
-from agentcheck.backends.base import SQL, OnCommit, Operation, Query, Rows, batch, in_list
+from agentcheck.backends.base import (
+    SQL,
+    OnCommit,
+    Operation,
+    Query,
+    Rows,
+    batch,
+    in_list,
+    pair_list,
+)
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
 from agentcheck.savers._runs import (
@@ -355,14 +364,19 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self, thread_id: str, ns: str, planned: Mapping[str, Sequence[str]]
     ) -> Operation[None]:
         """Fail with :class:`StaleDeltaBase` (or, on PostgreSQL, SQLSTATE 22012 when the
-        statements are answered) if the stored value a delta is built on is gone: the
-        thread was deleted or pruned by another saver, whose memory this one does not
-        share. The put is then made again with every value stored whole."""
-        for channel, chain in planned.items():
-            params = (thread_id, ns, channel, chain[-1])
-            if self.sql.CHECK_BLOB is not None:
-                yield Query(self.sql.CHECK_BLOB, params, check=True)
-            elif not (yield Query(self.sql.HAS_BLOB, params, fetch=True)):
+        statements are answered) if the stored value a delta is built on, or the
+        snapshot its chain starts from, is gone: the thread was deleted or pruned by
+        another saver, whose memory this one does not share. The put is then made again
+        with every value stored whole."""
+        keys = sorted({(ch, v) for ch, chain in planned.items() for v in (chain[0], chain[-1])})
+        params = (*(part for key in keys for part in key), thread_id, ns)
+        pairs = pair_list(len(keys))
+        if self.sql.CHECK_BLOBS is not None:
+            check = self.sql.CHECK_BLOBS.format(pairs=pairs)
+            yield Query(check, (*params, len(keys)), check=True)
+        else:
+            rows = yield Query(self.sql.COUNT_BLOBS.format(pairs=pairs), params, fetch=True)
+            if rows[0][0] < len(keys):
                 raise StaleDeltaBase(thread_id)
         return None
 

@@ -33,8 +33,19 @@ class RetentionCore(SaverCore):
 
     # -- deletion and retention -------------------------------------------------------
 
+    def _lock_values(self, thread_ids: Sequence[str]) -> Operation[None]:
+        """Before deleting stored values of these threads (in this order: sorted, so two
+        deletions lock alike), wait for the puts writing deltas on them to commit, and
+        make later ones wait (SQL.LOCK_THREAD_VALUES). The statements after this one see
+        what those puts stored. Nothing where writers take turns (SQLite)."""
+        if self.sql.LOCK_THREAD_VALUES is not None:
+            for thread_id in thread_ids:
+                yield Query(self.sql.LOCK_THREAD_VALUES, (thread_id,), fetch=True)
+        return None
+
     def _delete_thread(self, thread_id: str) -> Operation[None]:
         self.list_deltas.clear_thread(str(thread_id))
+        yield from self._lock_values([str(thread_id)])
         for statement in self.sql.DELETE_THREAD:
             yield Query(statement, (str(thread_id),))
         return None
@@ -51,6 +62,7 @@ class RetentionCore(SaverCore):
             doomed.extend((r[0], r[1], r[2]) for r in rows)
         if not doomed:
             return None
+        yield from self._lock_values(sorted({t for t, _, _ in doomed}))
         for statement in self.sql.DELETE_CHECKPOINT:
             yield Query(statement, doomed, many=True)
         for thread_id in {t for t, _, _ in doomed}:
@@ -97,7 +109,7 @@ class RetentionCore(SaverCore):
         return None
 
     def _prune(self, thread_ids: Sequence[str], strategy: str) -> Operation[None]:
-        ids = _id_list(thread_ids, "thread_ids")
+        ids = sorted(set(_id_list(thread_ids, "thread_ids")))
         if strategy == "delete":
             for thread_id in ids:
                 yield from self._delete_thread(thread_id)
@@ -106,6 +118,7 @@ class RetentionCore(SaverCore):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         for thread_id in ids:
             self.list_deltas.clear_thread(thread_id)
+            yield from self._lock_values([thread_id])
             ns_rows = yield Query(self.sql.SELECT_THREAD_NAMESPACES, (thread_id,), fetch=True)
             for (ns,) in ns_rows:
                 yield from self._keep_latest(thread_id, ns)
