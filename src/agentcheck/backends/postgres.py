@@ -103,9 +103,12 @@ class PostgresSQL(SQL):
         "WHERE b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = k.column1 "
         "AND b.version = k.column2 FOR KEY SHARE) AS l) AS c WHERE c.n < ?"
     )
+    # In code point order (COLLATE "C"), the order Python sorts CHECK_BLOBS' pairs in:
+    # the database's own collation may order names otherwise.
     LOCK_THREAD_VALUES = (
         "SELECT COUNT(*) FROM (SELECT 1 FROM agentcheck_blobs WHERE thread_id = ? "
-        "ORDER BY checkpoint_ns, channel, version FOR UPDATE) AS v"
+        'ORDER BY checkpoint_ns COLLATE "C", channel COLLATE "C", version COLLATE "C" '
+        "FOR UPDATE) AS v"
     )
     # The keys as one text, channel and version after channel and version, separated by
     # the unit separator (chr(31)), split here into an array: no text can make the
