@@ -686,6 +686,39 @@ async def test_a_call_in_the_node_a_goto_runs_follows_the_start_of_its_attempt(
 
 
 @parametrize_kinds
+@pytest.mark.parametrize("how", ["delete_thread", "prune"])
+async def test_deleting_a_thread_deletes_its_journal(kind: str, saver: Any, how: str) -> None:
+    """delete_thread (and prune with strategy="delete") removed the checkpoints and left
+    the thread's runs, events and ledger steps, tool arguments and results included; a
+    new conversation under the same id went on as the old run's next attempt. Now the
+    journal of the thread goes too, another thread's stays, and the id starts afresh."""
+    graph = graph_with_a_charging_side_node(saver, kind)
+    for thread in ("t1", "t2"):
+        await call(graph, "invoke", kind, {"notes": []}, config(thread), **SYNC)
+        await call(graph, "invoke", kind, Command(resume="yes"), config(thread), **SYNC)
+        await call(graph, "invoke", kind, Command(goto="side"), config(thread), **SYNC)
+    journal = saver.journal
+    for thread in ("t1", "t2"):
+        assert await run_of(saver, kind, thread) == ("succeeded", 3)
+        assert [s.name for s in await call(journal, "steps", kind, scope=thread)] == ["charge"]
+    if how == "prune":
+        await call(saver, "prune", kind, ["t1"], strategy="delete")
+    else:
+        await call(saver, "delete_thread", kind, "t1")
+    assert await call(journal, "get_run", kind, "t1") is None
+    assert await call(journal, "events", kind, "t1") == []
+    assert await call(journal, "steps", kind, scope="t1") == []
+    assert await call(journal, "steps", kind, run_id="t1") == []
+    assert await run_of(saver, kind, "t2") == ("succeeded", 3)
+    assert [s.name for s in await call(journal, "steps", kind, scope="t2")] == ["charge"]
+    assert ("tool", "end", "charge") in shown(await call(journal, "events", kind, "t2"))
+    await call(graph, "invoke", kind, {"notes": []}, config("t1"), **SYNC)
+    assert await run_of(saver, kind, "t1") == ("interrupted", 1)
+    assert shown(await call(journal, "events", kind, "t1"))[0] == ("run", "start", None)
+    assert ("tool", "end", "charge") not in shown(await call(journal, "events", kind, "t1"))
+
+
+@parametrize_kinds
 async def test_a_resume_sent_through_another_saver_reads_running_while_the_node_runs(
     kind: str, saver: Any, db: dict[str, str]
 ) -> None:

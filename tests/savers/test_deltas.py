@@ -982,7 +982,9 @@ def test_postgres_a_put_during_another_savers_delete_waits_for_it(pg_url: str) -
     the thread meanwhile. A's put counted the value its delta is built on, saw it (the
     delete was not committed) and stored the delta; B then committed, and A's checkpoint
     could not be read. The count now locks the rows it counts: A's put waits for B,
-    finds the value gone and stores the values whole."""
+    finds the value gone and stores the values whole. (Here B also deletes the run's row,
+    which A's put updates in the same statement: the two deadlock, the server aborts one,
+    and it is made again; with no retry of a deadlock, A's invoke failed.)"""
     config = {"configurable": {"thread_id": "t1"}}
     with (
         PostgresSaver.from_conn_string(pg_url) as a,

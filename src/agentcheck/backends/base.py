@@ -512,6 +512,18 @@ class SQL:
         "DELETE FROM agentcheck_metadata_terms WHERE thread_id = ?",
         "DELETE FROM agentcheck_checkpoints WHERE thread_id = ?",
     )
+    # A deleted thread's journal: its runs (those of the thread, and the run named after
+    # it: a LangGraph thread's), their events and ledger steps, and the steps scoped to
+    # the thread. Each statement is given the thread id once per placeholder. The runs
+    # go last: the others look them up. (Index look-ups only: the run ids are a semi-join
+    # on the events' and steps' run indexes, the scope a primary-key prefix.)
+    _RUNS_OF_THREAD = "SELECT run_id FROM agentcheck_runs WHERE thread_id = ? UNION SELECT ?"
+    DELETE_THREAD_JOURNAL: tuple[str, ...] = (
+        "DELETE FROM agentcheck_events WHERE run_id IN (" + _RUNS_OF_THREAD + ")",  # noqa: S608
+        "DELETE FROM agentcheck_steps WHERE run_id IN (" + _RUNS_OF_THREAD + ")",  # noqa: S608
+        "DELETE FROM agentcheck_steps WHERE scope = ?",
+        "DELETE FROM agentcheck_runs WHERE thread_id = ? OR run_id = ?",
+    )
     DELETE_CHECKPOINT: tuple[str, ...] = (
         "DELETE FROM agentcheck_writes "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?",

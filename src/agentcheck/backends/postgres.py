@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -233,6 +235,27 @@ class _Attempt:
                 callback()
 
 
+# A transaction the server aborted to break a deadlock (or a serialization failure) left
+# nothing behind: the operation is made again, from the start, a few times. Deadlocks
+# can happen between a put and a deletion of the same thread, which lock rows of several
+# tables (a run's row, its values) in the order their statements reach them.
+_CONFLICT_RETRIES = 5
+_CONFLICTS = frozenset(("40P01", "40001"))  # deadlock_detected, serialization_failure
+
+
+def _retry_conflict(exc: Exception, runner: SyncRunner | AsyncRunner) -> bool:
+    """Whether ``exc`` aborted our own transaction only, for a conflict: not inside a
+    transaction of the caller's (which the server aborted too), on a lone connection."""
+    if getattr(exc, "sqlstate", None) not in _CONFLICTS:
+        return False
+    return runner.is_pool or not _in_transaction(runner.conn)
+
+
+def _conflict_pause(conflicts: int) -> float:
+    """Seconds before the next try: growing, and random, so the two do not meet again."""
+    return float(random.uniform(0.005, 0.02) * (2**conflicts))
+
+
 def _retry_or_raise(exc: Exception, conn: Any, is_pool: bool, last: bool, pool: str) -> None:
     """Return if the operation should be retried on another connection, else raise."""
     if not _is_disconnect(exc, conn):
@@ -268,6 +291,16 @@ class SyncRunner:
                 yield self.conn
 
     def run(self, make_op: Callable[[], Operation[T]], write: bool, durable: bool = True) -> T:
+        for conflicts in range(_CONFLICT_RETRIES + 1):
+            try:
+                return self._run(make_op, write, durable)
+            except Exception as exc:
+                if conflicts == _CONFLICT_RETRIES or not _retry_conflict(exc, self):
+                    raise
+                time.sleep(_conflict_pause(conflicts))
+        raise AssertionError("unreachable")
+
+    def _run(self, make_op: Callable[[], Operation[T]], write: bool, durable: bool) -> T:
         attempts = self.conn.max_size + 1 if self.is_pool else 1
         for tried in range(1, attempts + 1):
             conn = None
@@ -330,6 +363,16 @@ class AsyncRunner:
     async def run(
         self, make_op: Callable[[], Operation[T]], write: bool, durable: bool = True
     ) -> T:
+        for conflicts in range(_CONFLICT_RETRIES + 1):
+            try:
+                return await self._run(make_op, write, durable)
+            except Exception as exc:
+                if conflicts == _CONFLICT_RETRIES or not _retry_conflict(exc, self):
+                    raise
+                await asyncio.sleep(_conflict_pause(conflicts))
+        raise AssertionError("unreachable")
+
+    async def _run(self, make_op: Callable[[], Operation[T]], write: bool, durable: bool) -> T:
         attempts = self.conn.max_size + 1 if self.is_pool else 1
         for tried in range(1, attempts + 1):
             conn = None

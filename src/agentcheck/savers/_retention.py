@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agentcheck.backends.base import Operation, Query, in_list
+from agentcheck.backends.base import OnCommit, Operation, Query, in_list
 from agentcheck.savers._core import _EMPTY, INLINE_KEY, SaverCore, _chunks
 from agentcheck.savers._deltas import BASES_KEY, DELTA
 
@@ -44,10 +44,16 @@ class RetentionCore(SaverCore):
         return None
 
     def _delete_thread(self, thread_id: str) -> Operation[None]:
-        self.list_deltas.clear_thread(str(thread_id))
-        yield from self._lock_values([str(thread_id)])
+        """Everything of the thread: its checkpoints, values, writes, index terms, and its
+        journal (runs, events, ledger steps: tool arguments and results too)."""
+        thread_id = str(thread_id)
+        self.list_deltas.clear_thread(thread_id)
+        yield from self._lock_values([thread_id])
         for statement in self.sql.DELETE_THREAD:
-            yield Query(statement, (str(thread_id),))
+            yield Query(statement, (thread_id,))
+        for statement in self.sql.DELETE_THREAD_JOURNAL:
+            yield Query(statement, (thread_id,) * statement.count("?"))
+        yield OnCommit(self._forget_thread(thread_id))
         return None
 
     def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:

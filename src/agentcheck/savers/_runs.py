@@ -525,6 +525,25 @@ class RunJournal:
 
         return remember
 
+    def _forget_thread(self, thread_id: str) -> Callable[[], None]:
+        """Once a thread is deleted: all this saver remembers of its run, so that a new
+        conversation under the same id starts a run of its own."""
+
+        def forget() -> None:
+            for per_thread in (
+                self._run_status,
+                self._stopped_by,
+                self._commanded,
+                self._null_writes,
+                self._edited_at,
+                self._task_started,
+            ):
+                per_thread.pop(thread_id, None)
+            for key in [key for key in self._push_nodes if key[0] == thread_id]:
+                del self._push_nodes[key]
+
+        return forget
+
     def _forget_task_start(self, run_id: str) -> Callable[[], None]:
         def forget() -> None:
             self._task_started.pop(run_id, None)
