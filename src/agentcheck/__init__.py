@@ -15,6 +15,7 @@ from __future__ import annotations
 from agentcheck._errors import (
     AgentcheckError,
     CorruptDataError,
+    KeyMismatchError,
     MissingExtraError,
     SchemaVersionError,
     UnsafeTypeError,
@@ -42,6 +43,7 @@ __all__ = [
     "CorruptDataError",
     "Event",
     "Journal",
+    "KeyMismatchError",
     "MissingExtraError",
     "NOT_DONE",
     "Run",

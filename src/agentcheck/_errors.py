@@ -8,6 +8,7 @@ from __future__ import annotations
 __all__ = [
     "AgentcheckError",
     "CorruptDataError",
+    "KeyMismatchError",
     "MissingExtraError",
     "SchemaVersionError",
     "UnsafeTypeError",
@@ -38,3 +39,9 @@ class UnsafeTypeError(AgentcheckError, TypeError):
 
 class CorruptDataError(AgentcheckError, ValueError):
     """A stored row could not be decoded (corrupt bytes, unknown type tag, wrong key)."""
+
+
+class KeyMismatchError(AgentcheckError, ValueError):
+    """The saver's encryption key, or its having none, is not the one the database's
+    metadata index was written with: a metadata filter or ``delete_for_runs`` would
+    silently miss checkpoints, and a put would mix the two forms in the index."""

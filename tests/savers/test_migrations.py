@@ -407,7 +407,7 @@ async def test_steps_completed_before_version_4_replay_after_the_upgrade(
             assert charge(5) == 5
     downgrade_to_version_2(kind, sqlite_path, pg_url)
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
         (step,) = upgraded.journal.steps(scope="order-1")
         assert (step.status, step.interrupts, step.result) == ("completed", 0, 5)
         with effect_scope(upgraded.journal, "order-1"):
@@ -430,7 +430,7 @@ async def test_a_version_2_database_is_upgraded_and_its_rows_read_back(
     downgrade_to_version_2(kind, sqlite_path, pg_url)
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
         keys = raw_sql(kind, sqlite_path, pg_url, "SELECT blob_keys FROM agentcheck_checkpoints")
         assert keys and all(k is None for (k,) in keys)
         assert await every_checkpoint(kind, upgraded, "chat") == before
@@ -473,7 +473,7 @@ async def test_an_upgrade_leaves_prepared_statements_working(
         upgraded = PostgresSaver(pool)
     try:
         await setup(kind, upgraded)
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
         graph = chat_graph().compile(checkpointer=upgraded)
         await run_chat(graph, kind, "chat", 6, start=2)
         state = await call(kind, graph, "get_state", {"configurable": {"thread_id": "chat"}})
@@ -496,7 +496,7 @@ async def test_migration_5_leaves_checkpoints_without_a_run_out_of_the_run_index
     assert "WHERE" not in run_index(kind, sqlite_path, pg_url)[0]
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
         definition, plan = run_index(kind, sqlite_path, pg_url)
         assert "WHERE" in definition and "run_id IS NOT NULL" in definition
         assert "agentcheck_checkpoints_run_idx" in plan, plan

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config
 from langgraph.checkpoint.serde import jsonplus
 
-from agentcheck import CorruptDataError, UnsafeTypeError, generate_key
+from agentcheck import CorruptDataError, KeyMismatchError, UnsafeTypeError, generate_key
 from agentcheck.savers import PostgresSaver, SqliteSaver
 
 from savers_support import (
@@ -753,9 +753,83 @@ async def test_reading_encrypted_rows_without_the_right_key_raises(
         assert "encryption_key" in message
         with pytest.raises(CorruptDataError):
             await call(kind, reader, "get_tuple", stored["config"])
-        # Filters are keyed too: the wrong key's terms match nothing.
-        if reader_key == "wrong_key":
-            assert await list_all(kind, reader, None, filter={"secret": secrets.meta}) == []
+        # Filters are keyed too: with another key (or none) they would match nothing,
+        # and say so instead.
+        with pytest.raises(KeyMismatchError, match="written with"):
+            await list_all(kind, reader, None, filter={"secret": secrets.meta})
+
+
+async def _put_runs(kind: str, saver: Any, thread: str) -> None:
+    """Two checkpoints of runs r1 and r2, with LangGraph-like metadata."""
+    cfg = generate_config(thread)
+    for step, run in enumerate(("r1", "r2")):
+        cp = checkpoint_with({"x": [run]}, {"x": step + 1})
+        meta = {"source": "loop", "step": step, "user": "ann", "run_id": run}
+        cfg = await call(kind, saver, "put", cfg, cp, meta, {"x": step + 1})
+
+
+@pytest.mark.parametrize("written", ["plain", "keyed"])
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "older-database"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_saver_whose_key_differs_from_the_index_says_so(
+    kind: str, written: str, recorded: bool, sqlite_path: str, pg_url: str
+) -> None:
+    """Index terms (and run ids) are stored plain, or as keyed hashes when encrypting. A
+    saver given a key on a database written without one (AGENTCHECK_ENCRYPTION_KEY set
+    later), or none on an encrypted one, found nothing in filters and delete_for_runs
+    deleted nothing, without a word, and its puts mixed the two forms in the index. The
+    form is recorded (or, for a database written before it was, worked out from the
+    terms); such a saver now raises KeyMismatchError there, and deletes nothing. Reads
+    of rows it can decode still work, and a saver of the right form is left alone."""
+    key = generate_key()
+    thread = f"t-{uuid.uuid4()}"
+    first = {"encryption_key": key} if written == "keyed" else {}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, **first) as saver:
+        await _put_runs(kind, saver, thread)
+    if not recorded:  # as a database from before the form was recorded
+        raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_settings")
+    other = {} if written == "keyed" else {"encryption_key": generate_key()}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, **other) as wrong:
+        if written == "plain":  # a key reads plain rows
+            found = await call(kind, wrong, "get_tuple", generate_config(thread))
+            assert found is not None and found.metadata["user"] == "ann"
+        with pytest.raises(KeyMismatchError, match="metadata filter would miss"):
+            await list_all(kind, wrong, None, filter={"user": "ann"})
+        with pytest.raises(KeyMismatchError, match="delete_for_runs would find no"):
+            await call(kind, wrong, "delete_for_runs", ["r1"])
+        with pytest.raises(KeyMismatchError, match="a put would add terms"):
+            await _put_runs(kind, wrong, f"t-{uuid.uuid4()}")
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, **first) as right:
+        assert len(await list_all(kind, right, None, filter={"user": "ann"})) == 2
+        await call(kind, right, "delete_for_runs", ["r1"])
+        assert len(await list_all(kind, right, None, filter={"user": "ann"})) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_another_key_on_an_older_encrypted_database_is_not_taken_for_its_own(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """On an encrypted database written before the index form was recorded, the first
+    saver to open it records its own key only if its "source" terms are there: a saver
+    with another key leaves it unrecorded (it cannot tell), and the right key's saver,
+    after it, records its key and is not refused."""
+    key = generate_key()
+    thread = f"t-{uuid.uuid4()}"
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key
+    ) as saver:
+        await _put_runs(kind, saver, thread)
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_settings")
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=generate_key()
+    ):
+        pass
+    assert raw_sql(kind, sqlite_path, pg_url, "SELECT COUNT(*) FROM agentcheck_settings") == [(0,)]
+    async with open_saver(
+        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key
+    ) as right:
+        assert len(await list_all(kind, right, None, filter={"user": "ann"})) == 2
+    assert raw_sql(kind, sqlite_path, pg_url, "SELECT COUNT(*) FROM agentcheck_settings") == [(1,)]
 
 
 # "aes" is LangGraph's own AES; the others are named like agentcheck's codec steps.

@@ -256,6 +256,19 @@ class SQL:
         "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
     )
     SCHEMA_VERSION = "SELECT MAX(version) FROM agentcheck_schema"
+    SELECT_SETTING = "SELECT value FROM agentcheck_settings WHERE name = ?"
+    RECORD_SETTING = (
+        "INSERT INTO agentcheck_settings (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
+    )
+    REPLACE_SETTING = "UPDATE agentcheck_settings SET value = ? WHERE name = ? AND value = ?"
+    # One index term of the database, if any; with PENDING_TERMS, one pending row's too.
+    SAMPLE_TERM = "SELECT term FROM agentcheck_metadata_terms LIMIT 1"
+    SAMPLE_PENDING_TERMS = "SELECT terms FROM agentcheck_pending_terms LIMIT 1"
+    # Whether any of the given terms is stored ({terms}: placeholders); with
+    # PENDING_TERMS, in a pending row ({matches}: PENDING_TERM joined by OR, given
+    # SQL.pending_term of each).
+    ANY_TERM = "SELECT 1 FROM agentcheck_metadata_terms WHERE term IN ({terms}) LIMIT 1"
+    ANY_PENDING_TERM = "SELECT 1 FROM agentcheck_pending_terms p WHERE {matches} LIMIT 1"
     RECORD_VERSION = "INSERT INTO agentcheck_schema (version, applied_at) VALUES (?, ?)"
     # Taken before reading the schema version, so two processes that call setup() at
     # once apply each migration once. SQLite needs nothing: BEGIN IMMEDIATE already
@@ -797,6 +810,14 @@ _V6 = (
 )
 
 
+# Migration 7: settings of the database as a whole, a row each. "index_terms": the form
+# of the metadata index's terms and of the run_id column, "plain" or a keyed check value
+# standing for the encryption key they were written with (see SaverCore._settle_index).
+_V7 = (
+    "CREATE TABLE IF NOT EXISTS agentcheck_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+)
+
+
 def portable_migrations(
     blob_type: str, serial_type: str, *, pending_terms: bool
 ) -> tuple[tuple[str, ...], ...]:
@@ -805,7 +826,7 @@ def portable_migrations(
     pending metadata terms (SQLite; migration 6 is empty without)."""
     return tuple(
         tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
-        for migration in (_V1, _V2, _V3, _V4, _V5, _V6 if pending_terms else ())
+        for migration in (_V1, _V2, _V3, _V4, _V5, _V6 if pending_terms else (), _V7)
     )
 
 

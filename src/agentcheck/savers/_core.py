@@ -46,7 +46,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from agentcheck._errors import CorruptDataError
+from agentcheck._errors import CorruptDataError, KeyMismatchError
 from agentcheck.backends.base import (
     SQL,
     OnCommit,
@@ -55,6 +55,7 @@ from agentcheck.backends.base import (
     Rows,
     batch,
     in_list,
+    migrate,
     pair_list,
 )
 from agentcheck.journal import Journal, JournalOps, new_owner
@@ -84,6 +85,12 @@ __all__ = ["SaverCore"]
 _EMPTY = "empty"
 _COMMON_KEYS = ('["source"]=', '["step"]=', '["parents"')  # terms shared by many rows
 _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
+# The setting (agentcheck_settings) that records the form of the index terms, and the
+# "source" terms every LangGraph checkpoint's metadata has, by which a key is confirmed
+# on a database written before that form was recorded.
+_INDEX_SETTING = "index_terms"
+_PLAIN_INDEX, _ANOTHER_KEY = "plain", "h:?"
+_SOURCE_TERMS = tuple(f'["source"]="{s}"' for s in ("input", "loop", "update", "fork"))
 _TERM_STATS_TTL = 60.0  # seconds a saver keeps the database's statistics of terms
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 # A checkpoint's metadata terms are left pending (SQL.PENDING_TERMS) up to this many
@@ -338,6 +345,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self._task_started: dict[str, str] = {}
         # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
         self._push_nodes: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
+        # The form of the database's index terms when it is not this saver's (see
+        # _settle_index): what it writes and looks up there would miss.
+        self._index_mismatch: str | None = None
         # Names this process in the runs it drives (agentcheck_runs.owner).
         self.owner = new_owner()
         self._terms_puts = 0
@@ -464,6 +474,96 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             term = "l:" + hashlib.sha256(term.encode()).hexdigest()
         return term
 
+    # -- setup: the schema, and the form of the index terms ---------------------------
+
+    def _setup_op(self, migrations: Sequence[Sequence[str]]) -> Operation[None]:
+        """Bring the schema up to date, then settle the index terms' form."""
+        yield from migrate(self.sql, migrations)
+        yield from self._settle_index()
+        return None
+
+    def _index_form(self) -> str:
+        """The form of this saver's index terms: plain, or keyed by its encryption key
+        (a keyed check value stands for the key, and tells nothing of it)."""
+        return self.codec.term("agentcheck/index-terms") if self.codec.encrypted else _PLAIN_INDEX
+
+    def _settle_index(self) -> Operation[None]:
+        """Read the form the database's index terms are in (recording this saver's on a
+        database that has none yet), and remember whether it differs from this saver's.
+
+        A database written before the form was recorded is looked at: plain terms are
+        recorded as such; keyed ones as this saver's if its key wrote them (one of the
+        "source" terms every LangGraph checkpoint has is found in its form), as some
+        key's if this saver has none (the first saver whose key wrote them records its
+        own over that), and otherwise left unrecorded (nothing checked).
+        """
+        ours = self._index_form()
+        rows = yield Query(self.sql.SELECT_SETTING, (_INDEX_SETTING,), fetch=True)
+        if not rows:
+            hashed = yield from self._stored_terms_keyed()
+            record: str | None
+            if hashed is None:
+                record = ours
+            elif not hashed:
+                record = _PLAIN_INDEX
+            elif not self.codec.encrypted:
+                record = _ANOTHER_KEY
+            else:
+                record = ours if (yield from self._our_key_wrote_terms()) else None
+            if record is not None:
+                yield Query(self.sql.RECORD_SETTING, (_INDEX_SETTING, record))
+                rows = yield Query(self.sql.SELECT_SETTING, (_INDEX_SETTING,), fetch=True)
+        stored = str(rows[0][0]) if rows else None
+        if stored == _ANOTHER_KEY and self.codec.encrypted:
+            # Recorded by a saver without a key, which could not tell whose the terms
+            # are: this saver's, if it wrote them.
+            if (yield from self._our_key_wrote_terms()):
+                yield Query(self.sql.REPLACE_SETTING, (ours, _INDEX_SETTING, stored))
+                stored = ours
+        self._index_mismatch = None if stored in (None, ours) else stored
+        return None
+
+    def _stored_terms_keyed(self) -> Operation[bool | None]:
+        """Whether the stored index terms are keyed hashes; None if there are none."""
+        rows = yield Query(self.sql.SAMPLE_TERM, fetch=True)
+        term = str(rows[0][0]) if rows else None
+        if term is None and self.sql.PENDING_TERMS:
+            rows = yield Query(self.sql.SAMPLE_PENDING_TERMS, fetch=True)
+            pending = self.sql.decode_terms(rows[0][0]) if rows else []
+            term = pending[0] if pending else None
+        return None if term is None else term.startswith("h:")
+
+    def _our_key_wrote_terms(self) -> Operation[bool]:
+        """Whether a "source" term of this saver's form is stored."""
+        ours = [self._term(t) for t in _SOURCE_TERMS]
+        query = self.sql.ANY_TERM.format(terms=in_list(len(ours)))
+        if (yield Query(query, tuple(ours), fetch=True)):
+            return True
+        if not self.sql.PENDING_TERMS:
+            return False
+        matches = " OR ".join([self.sql.PENDING_TERM] * len(ours))
+        query = self.sql.ANY_PENDING_TERM.format(matches=matches)
+        found = yield Query(query, tuple(self.sql.pending_term(t) for t in ours), fetch=True)
+        return bool(found)
+
+    def _check_index_key(self, what: str) -> None:
+        """Raise KeyMismatchError if the index terms are in another form than this
+        saver's: ``what`` (a filter, a put...) would be wrong without a word."""
+        stored = self._index_mismatch
+        if stored is None:
+            return
+        if stored == _PLAIN_INDEX:
+            how = "without an encryption key, and this saver has one"
+        elif not self.codec.encrypted:
+            how = "with an encryption key, and this saver has none"
+        else:
+            how = "with another encryption key than this saver's"
+        raise KeyMismatchError(
+            f"the database's metadata index was written {how}: {what}. Give the saver the "
+            "encryption_key the database was written with, or none if it was written "
+            "without one (AGENTCHECK_ENCRYPTION_KEY counts too)"
+        )
+
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Next channel version: a counter zero-padded to 16 digits (LangGraph compares
         versions as strings), a dot, and 52 random bits in hex.
@@ -540,6 +640,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> Operation[RunnableConfig]:
+        self._check_index_key(
+            "a put would add terms of another form to it, which filters would then miss"
+        )
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = str(conf.get("checkpoint_ns", ""))
@@ -806,6 +909,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             terms = pages.terms
         else:
             terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
+            if terms:
+                self._check_index_key("a metadata filter would miss checkpoints")
             if len(terms) > 1:
                 terms = yield from self._rarest_first(terms)
             if pages is not None:

@@ -58,6 +58,7 @@ class RetentionCore(SaverCore):
 
     def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:
         terms = [self._term(r) for r in _id_list(run_ids, "run_ids")]
+        self._check_index_key("delete_for_runs would find no checkpoint of those runs")
         doomed: list[tuple[str, str, str]] = []
         for chunk in _chunks(terms):
             rows = yield Query(

@@ -25,7 +25,7 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 
-from agentcheck.backends.base import Operation, migrate
+from agentcheck.backends.base import Operation
 from agentcheck.savers._core import ListPages
 from agentcheck.savers._retention import RetentionCore
 
@@ -103,7 +103,7 @@ class SyncSaver(RetentionCore):
     def setup(self) -> None:
         """Create or upgrade the tables. Idempotent, safe to call from several processes
         at once and inside an open transaction. Called automatically on first use."""
-        self._run(lambda: migrate(self.sql, self.migrations), True)
+        self._run(lambda: self._setup_op(self.migrations), True)
         self._is_setup = True
 
     def run_op(
@@ -317,7 +317,7 @@ class AsyncSaver(RetentionCore):
         at once and inside an open transaction. Called automatically on first use."""
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
-        await self._arun(lambda: migrate(self.sql, self.migrations), True)
+        await self._arun(lambda: self._setup_op(self.migrations), True)
         self._is_setup = True
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
