@@ -718,6 +718,47 @@ async def test_deleting_a_thread_deletes_its_journal(kind: str, saver: Any, how:
     assert ("tool", "end", "charge") not in shown(await call(journal, "events", kind, "t1"))
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.mark.parametrize("first", ["scope", "thread"])
+async def test_deleting_a_thread_keeps_an_effect_scope_ledger_of_the_same_id(
+    kind: str, saver: Any, first: str
+) -> None:
+    """An order id used as a LangGraph thread id and as an effect_scope (a fulfilment
+    job's): delete_thread deleted the scope's ledger with the thread's, and the job, run
+    again after a crash, charged the card a second time. The scope's completed call is
+    kept, and replayed; the graph's journal goes."""
+    charges: list[int] = []
+
+    @agentcheck.side_effect(name="charge")
+    def charge(amount: int) -> int:
+        charges.append(amount)
+        return amount
+
+    def job() -> None:
+        with agentcheck.effect_scope(saver.journal, "order-42"):
+            charge(10)
+
+    graph = graph_with_a_charging_side_node(saver, kind)
+
+    def conversation() -> None:
+        graph.invoke({"notes": []}, config("order-42"), **SYNC)
+        graph.invoke(Command(resume="yes"), config("order-42"), **SYNC)
+        graph.invoke(Command(goto="side"), config("order-42"), **SYNC)
+
+    for part in (job, conversation) if first == "scope" else (conversation, job):
+        part()
+    keys = {s.step_key for s in saver.journal.steps(scope="order-42")}
+    scopes = "|tool:charge#0"  # the scope's step; the graph's is keyed by its node's task
+    assert scopes in keys and [k.startswith("side:") for k in keys - {scopes}] == [True]
+    assert charges == [10]  # the job's (the graph's node has a charge of its own)
+    saver.delete_thread("order-42")
+    kept = saver.journal.steps(scope="order-42")
+    assert [(s.step_key, s.status) for s in kept] == [("|tool:charge#0", "completed")]
+    job()  # run again: replayed, not charged
+    assert charges == [10]
+    assert saver.get_tuple(config("order-42")) is None
+
+
 @parametrize_kinds
 async def test_a_resume_sent_through_another_saver_reads_running_while_the_node_runs(
     kind: str, saver: Any, db: dict[str, str]

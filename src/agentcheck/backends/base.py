@@ -525,17 +525,25 @@ class SQL:
         "DELETE FROM agentcheck_metadata_terms WHERE thread_id = ?",
         "DELETE FROM agentcheck_checkpoints WHERE thread_id = ?",
     )
-    # A deleted thread's journal: its runs (those of the thread, and the run named after
-    # it: a LangGraph thread's), their events and ledger steps, and the steps scoped to
-    # the thread. Each statement is given the thread id once per placeholder. The runs
-    # go last: the others look them up. (Index look-ups only: the run ids are a semi-join
-    # on the events' and steps' run indexes, the scope a primary-key prefix.)
-    _RUNS_OF_THREAD = "SELECT run_id FROM agentcheck_runs WHERE thread_id = ? UNION SELECT ?"
+    # A deleted thread's journal: the LangGraph runs of the thread, their events, and the
+    # ledger steps its graphs made. Each statement is given the thread id once per
+    # placeholder; the runs go last, the others look them up (a semi-join on the events'
+    # and steps' run indexes). A graph's step key holds its task: "{ns}|{task}|{call}",
+    # two "|" at least; an effect_scope's is "|{call}". The steps of an effect_scope
+    # whose run id is the thread's id (an order id used for both, say) share the run,
+    # and are kept: deleting them would make their calls again.
+    # (A LangGraph thread's run is named after it, also where an effect_scope made the
+    # row first, under its own framework: that row is kept.)
+    _RUNS_OF_THREAD = (
+        "SELECT run_id FROM agentcheck_runs WHERE thread_id = ? AND framework = 'langgraph' "
+        "UNION SELECT ?"
+    )
     DELETE_THREAD_JOURNAL: tuple[str, ...] = (
         "DELETE FROM agentcheck_events WHERE run_id IN (" + _RUNS_OF_THREAD + ")",  # noqa: S608
-        "DELETE FROM agentcheck_steps WHERE run_id IN (" + _RUNS_OF_THREAD + ")",  # noqa: S608
-        "DELETE FROM agentcheck_steps WHERE scope = ?",
-        "DELETE FROM agentcheck_runs WHERE thread_id = ? OR run_id = ?",
+        "DELETE FROM agentcheck_steps WHERE run_id IN ("  # noqa: S608
+        + _RUNS_OF_THREAD
+        + ") AND step_key LIKE '%|%|%'",
+        "DELETE FROM agentcheck_runs WHERE thread_id = ? AND framework = 'langgraph'",
     )
     DELETE_CHECKPOINT: tuple[str, ...] = (
         "DELETE FROM agentcheck_writes "

@@ -539,8 +539,10 @@ class RunJournal:
                 self._task_started,
             ):
                 per_thread.pop(thread_id, None)
-            for key in [key for key in self._push_nodes if key[0] == thread_id]:
-                del self._push_nodes[key]
+            # list() copies the keys in one step: other threads' puts may add some.
+            for key in list(self._push_nodes):
+                if key[0] == thread_id:
+                    self._push_nodes.pop(key, None)
 
         return forget
 
