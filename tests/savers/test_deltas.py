@@ -982,9 +982,9 @@ def test_postgres_a_put_during_another_savers_delete_waits_for_it(pg_url: str) -
     the thread meanwhile. A's put counted the value its delta is built on, saw it (the
     delete was not committed) and stored the delta; B then committed, and A's checkpoint
     could not be read. The count now locks the rows it counts: A's put waits for B,
-    finds the value gone and stores the values whole. (Here B also deletes the run's row,
-    which A's put updates in the same statement: the two deadlock, the server aborts one,
-    and it is made again; with no retry of a deadlock, A's invoke failed.)"""
+    finds the value gone and stores the values whole. (B also deletes the run's row,
+    which A's put updates in the same statement: B deletes it before it locks the values,
+    the order A's statement takes them in, else the two deadlocked.)"""
     config = {"configurable": {"thread_id": "t1"}}
     with (
         PostgresSaver.from_conn_string(pg_url) as a,
@@ -1025,3 +1025,41 @@ def test_postgres_a_put_during_another_savers_delete_waits_for_it(pg_url: str) -
             state = reader.get_state(config)
             assert state.values["tools"] == [f"tool_{i}" for i in range(10)]
             assert len(state.values["docs"]) == 15
+
+
+def test_postgres_a_put_aborted_by_a_deadlock_is_made_again(pg_url: str) -> None:
+    """PostgreSQL aborts one of two transactions that wait for each other. A put that
+    ends a run updates the run's row, then locks the value its delta is built on; here
+    another transaction holds that value and then asks for the run's row. The server
+    aborts the put (it waited first), which left nothing behind and is made again once
+    the other has finished; with no retry, the graph's invoke failed."""
+    config = {"configurable": {"thread_id": "t1"}}
+    with PostgresSaver.from_conn_string(pg_url) as saver, psycopg.connect(pg_url) as other:
+        saver.setup()
+        graph = tools_graph().compile(checkpointer=saver)
+        for question in ("q1", "q2", "q3", "q4"):
+            graph.invoke(*_tools_turn(question))
+        other.execute(
+            "SELECT 1 FROM agentcheck_blobs WHERE thread_id = 't1' AND channel = 'tools' "
+            "AND version = (SELECT MAX(version) FROM agentcheck_blobs "
+            "WHERE thread_id = 't1' AND channel = 'tools') FOR UPDATE"
+        )
+        errors: list[BaseException] = []
+
+        def turn() -> None:
+            try:
+                graph.invoke(*_tools_turn("q5"), durability="sync")
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+        going_on = threading.Thread(target=turn)
+        going_on.start()
+        time.sleep(0.5)  # the put has updated the run's row and waits for the value
+        other.execute("SELECT 1 FROM agentcheck_runs WHERE run_id = 't1' FOR UPDATE")
+        other.rollback()  # reached once the server has aborted the put
+        going_on.join(30)
+        assert not going_on.is_alive()
+        assert errors == []
+        state = graph.get_state(config)
+        assert len(state.values["docs"]) == 15
+        assert saver.journal.get_run("t1").status == "succeeded"

@@ -314,6 +314,10 @@ class SQL:
     # and is then seen by the deletion's next statements, or waits for the deletion and
     # finds its values gone. None on SQLite, whose writers take turns.
     LOCK_THREAD_VALUES: str | None = None
+    # Taken before that by a deletion, per thread: two deletions of one thread take
+    # turns (each would otherwise lock the rows a put added after the other's lock, and
+    # wait for the other's). None on SQLite.
+    LOCK_THREAD_DELETION: str | None = None
     # Where a put's metadata terms go. With PENDING_TERMS (SQLite), into
     # agentcheck_pending_terms, one row per checkpoint (one B-tree page), moved into the
     # index, agentcheck_metadata_terms, a few dozen checkpoints at a time (by the saver,

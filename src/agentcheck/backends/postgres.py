@@ -105,6 +105,11 @@ class PostgresSQL(SQL):
         "WHERE b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = k.column1 "
         "AND b.version = k.column2 FOR KEY SHARE) AS l) AS c WHERE c.n < ?"
     )
+    # A transaction-level advisory lock keyed by the thread id's hash (the key of another
+    # thread may be the same: two deletions of those then take turns, which is all).
+    LOCK_THREAD_DELETION = (
+        "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended(?, 0))) AS l"
+    )
     # In code point order (COLLATE "C"), the order Python sorts CHECK_BLOBS' pairs in:
     # the database's own collation may order names otherwise.
     LOCK_THREAD_VALUES = (

@@ -33,11 +33,19 @@ class RetentionCore(SaverCore):
 
     # -- deletion and retention -------------------------------------------------------
 
+    def _lock_deletion(self, thread_ids: Sequence[str]) -> Operation[None]:
+        """Take the turn to delete in these threads (SQL.LOCK_THREAD_DELETION; in this
+        order: sorted, so that two deletions take them alike)."""
+        if self.sql.LOCK_THREAD_DELETION is not None:
+            for thread_id in thread_ids:
+                yield Query(self.sql.LOCK_THREAD_DELETION, (thread_id,), fetch=True)
+        return None
+
     def _lock_values(self, thread_ids: Sequence[str]) -> Operation[None]:
-        """Before deleting stored values of these threads (in this order: sorted, so two
-        deletions lock alike), wait for the puts writing deltas on them to commit, and
-        make later ones wait (SQL.LOCK_THREAD_VALUES). The statements after this one see
-        what those puts stored. Nothing where writers take turns (SQLite)."""
+        """Before deleting stored values of these threads (sorted), wait for the puts
+        writing deltas on them to commit, and make later ones wait
+        (SQL.LOCK_THREAD_VALUES). The statements after this one see what those puts
+        stored. Nothing where writers take turns (SQLite)."""
         if self.sql.LOCK_THREAD_VALUES is not None:
             for thread_id in thread_ids:
                 yield Query(self.sql.LOCK_THREAD_VALUES, (thread_id,), fetch=True)
@@ -48,11 +56,16 @@ class RetentionCore(SaverCore):
         journal (runs, events, ledger steps: tool arguments and results too)."""
         thread_id = str(thread_id)
         self.list_deltas.clear_thread(thread_id)
+        yield from self._lock_deletion([thread_id])
+        # The run's row before the values: a put that ends or starts the run updates that
+        # row before it locks the values its deltas are built on (its run transition is
+        # its statement's main part, which PostgreSQL runs first); locked the other way
+        # round, the two would wait for each other.
+        for statement in self.sql.DELETE_THREAD_JOURNAL:
+            yield Query(statement, (thread_id,) * statement.count("?"))
         yield from self._lock_values([thread_id])
         for statement in self.sql.DELETE_THREAD:
             yield Query(statement, (thread_id,))
-        for statement in self.sql.DELETE_THREAD_JOURNAL:
-            yield Query(statement, (thread_id,) * statement.count("?"))
         yield OnCommit(self._forget_thread(thread_id))
         return None
 
@@ -69,7 +82,9 @@ class RetentionCore(SaverCore):
             doomed.extend((r[0], r[1], r[2]) for r in rows)
         if not doomed:
             return None
-        yield from self._lock_values(sorted({t for t, _, _ in doomed}))
+        threads = sorted({t for t, _, _ in doomed})
+        yield from self._lock_deletion(threads)
+        yield from self._lock_values(threads)
         for statement in self.sql.DELETE_CHECKPOINT:
             yield Query(statement, doomed, many=True)
         for thread_id in {t for t, _, _ in doomed}:
@@ -125,6 +140,7 @@ class RetentionCore(SaverCore):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         for thread_id in ids:
             self.list_deltas.clear_thread(thread_id)
+            yield from self._lock_deletion([thread_id])
             yield from self._lock_values([thread_id])
             ns_rows = yield Query(self.sql.SELECT_THREAD_NAMESPACES, (thread_id,), fetch=True)
             for (ns,) in ns_rows:
