@@ -942,6 +942,15 @@ def _tools_turn(question: str) -> tuple[Tools, Any]:
     return {"question": question}, {"configurable": {"thread_id": "t1"}}
 
 
+def _four_turns(saver: PostgresSaver) -> Any:
+    """The tools graph on ``saver``, after four turns of thread t1 (deltas stored)."""
+    saver.setup()
+    graph = tools_graph().compile(checkpointer=saver)
+    for question in ("q1", "q2", "q3", "q4"):
+        graph.invoke(*_tools_turn(question))
+    return graph
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_delta_whose_snapshot_escaped_nothing_else_is_stored_whole(
     kind: str, sqlite_path: str, pg_url: str
@@ -991,10 +1000,7 @@ def test_postgres_a_put_during_another_savers_delete_waits_for_it(pg_url: str) -
         PostgresSaver.from_conn_string(pg_url) as b,
         psycopg.connect(pg_url) as holder,
     ):
-        a.setup()
-        graph = tools_graph().compile(checkpointer=a)
-        for question in ("q1", "q2", "q3", "q4"):
-            graph.invoke(*_tools_turn(question))
+        graph = _four_turns(a)
         holder.execute(
             "SELECT 1 FROM agentcheck_checkpoints WHERE thread_id = 't1' LIMIT 1 FOR UPDATE"
         )
@@ -1035,10 +1041,7 @@ def test_postgres_a_put_aborted_by_a_deadlock_is_made_again(pg_url: str) -> None
     the other has finished; with no retry, the graph's invoke failed."""
     config = {"configurable": {"thread_id": "t1"}}
     with PostgresSaver.from_conn_string(pg_url) as saver, psycopg.connect(pg_url) as other:
-        saver.setup()
-        graph = tools_graph().compile(checkpointer=saver)
-        for question in ("q1", "q2", "q3", "q4"):
-            graph.invoke(*_tools_turn(question))
+        graph = _four_turns(saver)
         other.execute(
             "SELECT 1 FROM agentcheck_blobs WHERE thread_id = 't1' AND channel = 'tools' "
             "AND version = (SELECT MAX(version) FROM agentcheck_blobs "
