@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config
 from langgraph.checkpoint.serde import jsonplus
 
+import agentcheck
 from agentcheck import CorruptDataError, KeyMismatchError, UnsafeTypeError, generate_key
 from agentcheck.savers import PostgresSaver, SqliteSaver
 
@@ -805,31 +806,64 @@ async def test_a_saver_whose_key_differs_from_the_index_says_so(
         assert len(await list_all(kind, right, None, filter={"user": "ann"})) == 1
 
 
+def _settings(kind: str, sqlite_path: str, pg_url: str) -> list[tuple[Any, ...]]:
+    return raw_sql(kind, sqlite_path, pg_url, "SELECT name FROM agentcheck_settings")
+
+
 @pytest.mark.parametrize("kind", KINDS)
-async def test_another_key_on_an_older_encrypted_database_is_not_taken_for_its_own(
+async def test_another_key_on_an_older_encrypted_database_is_refused_not_recorded(
     kind: str, sqlite_path: str, pg_url: str
 ) -> None:
-    """On an encrypted database written before the index form was recorded, the first
-    saver to open it records its own key only if its "source" terms are there: a saver
-    with another key leaves it unrecorded (it cannot tell), and the right key's saver,
-    after it, records its key and is not refused."""
+    """On an encrypted database written before the index form was recorded, a saver
+    with another key went on unchecked, and once its own puts had stored terms of its
+    key it recorded that key: the right key was then refused. A saver now judges keyed
+    terms by decoding the metadata of a checkpoint they belong to: another key's saver is
+    refused, records nothing, and the right key's saver records its own on its first put."""
     key = generate_key()
     thread = f"t-{uuid.uuid4()}"
-    async with open_saver(
-        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key
-    ) as saver:
-        await _put_runs(kind, saver, thread)
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key) as s:
+        await _put_runs(kind, s, thread)
     raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_settings")
+    for other in ({"encryption_key": generate_key()}, {}):
+        async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, **other) as wrong:
+            with pytest.raises(KeyMismatchError, match="metadata filter would miss"):
+                await list_all(kind, wrong, None, filter={"user": "ann"})
+            with pytest.raises(KeyMismatchError, match="a put would add terms"):
+                await _put_runs(kind, wrong, f"t-{uuid.uuid4()}")
+        assert _settings(kind, sqlite_path, pg_url) == []
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key) as s:
+        assert len(await list_all(kind, s, None, filter={"user": "ann"})) == 2
+        await _put_runs(kind, s, f"t-{uuid.uuid4()}")
+    assert _settings(kind, sqlite_path, pg_url) == [("index_terms",)]
     async with open_saver(
         kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=generate_key()
-    ):
-        pass
-    assert raw_sql(kind, sqlite_path, pg_url, "SELECT COUNT(*) FROM agentcheck_settings") == [(0,)]
-    async with open_saver(
-        kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key
-    ) as right:
-        assert len(await list_all(kind, right, None, filter={"user": "ann"})) == 2
-    assert raw_sql(kind, sqlite_path, pg_url, "SELECT COUNT(*) FROM agentcheck_settings") == [(1,)]
+    ) as wrong:
+        with pytest.raises(KeyMismatchError):
+            await list_all(kind, wrong, None, filter={"user": "ann"})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_look_at_an_empty_database_does_not_decide_its_key(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """The form was recorded by whichever saver set the database up first, written to
+    or not: a glance at the journal (agentcheck.connect), or a deploy script run without
+    the key, made an empty database plain, and the encrypted app could not write at all.
+    It is recorded by the first put, in the form of the saver making it."""
+    url = pg_url if is_postgres(kind) else sqlite_path
+    with agentcheck.connect(url) as journal:
+        assert journal.runs() == []
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as keyless:
+        assert await list_all(kind, keyless, None, filter={"user": "ann"}) == []
+    assert _settings(kind, sqlite_path, pg_url) == []
+    key = generate_key()
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key) as s:
+        await _put_runs(kind, s, f"t-{uuid.uuid4()}")
+        assert len(await list_all(kind, s, None, filter={"user": "ann"})) == 2
+    assert _settings(kind, sqlite_path, pg_url) == [("index_terms",)]
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as keyless:
+        with pytest.raises(KeyMismatchError, match="and this saver has none"):
+            await list_all(kind, keyless, None, filter={"user": "ann"})
 
 
 # "aes" is LangGraph's own AES; the others are named like agentcheck's codec steps.

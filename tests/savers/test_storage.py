@@ -932,6 +932,10 @@ async def test_a_put_in_the_middle_of_a_run_is_one_statement(
     """The checkpoint row, its values and its index terms go as one statement, and so
     does a put that starts or ends the run: its transition and event (which read and
     return rows) are the statement's main part, after the others as CTEs."""
+    # The database's first put records the form of its index terms, in statements of
+    # its own.
+    other = {"configurable": {"thread_id": "other", "checkpoint_ns": ""}}
+    await call(saver, "put", kind, other, generate_checkpoint(), {"source": "input"}, {})
     sent = _sent_statements(monkeypatch)
     config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     sources = ["input", "update", "loop"]  # starts the run, goes on, ends it (nothing next)

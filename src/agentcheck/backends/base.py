@@ -261,14 +261,16 @@ class SQL:
         "INSERT INTO agentcheck_settings (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
     )
     REPLACE_SETTING = "UPDATE agentcheck_settings SET value = ? WHERE name = ? AND value = ?"
-    # One index term of the database, if any; with PENDING_TERMS, one pending row's too.
-    SAMPLE_TERM = "SELECT term FROM agentcheck_metadata_terms LIMIT 1"
-    SAMPLE_PENDING_TERMS = "SELECT terms FROM agentcheck_pending_terms LIMIT 1"
-    # Whether any of the given terms is stored ({terms}: placeholders); with
-    # PENDING_TERMS, in a pending row ({matches}: PENDING_TERM joined by OR, given
-    # SQL.pending_term of each).
-    ANY_TERM = "SELECT 1 FROM agentcheck_metadata_terms WHERE term IN ({terms}) LIMIT 1"
-    ANY_PENDING_TERM = "SELECT 1 FROM agentcheck_pending_terms p WHERE {matches} LIMIT 1"
+    # One index term of the database and the metadata of its checkpoint, if any; with
+    # PENDING_TERMS, a pending row's terms and checkpoint too.
+    _SAMPLE = (
+        "SELECT t.{column}, c.metadata_type, c.metadata, c.thread_id, c.checkpoint_ns, "
+        "c.checkpoint_id FROM {table} AS t JOIN agentcheck_checkpoints AS c "
+        "ON c.thread_id = t.thread_id AND c.checkpoint_ns = t.checkpoint_ns "
+        "AND c.checkpoint_id = t.checkpoint_id LIMIT 1"
+    )
+    SAMPLE_TERM = _SAMPLE.format(column="term", table="agentcheck_metadata_terms")
+    SAMPLE_PENDING_TERMS = _SAMPLE.format(column="terms", table="agentcheck_pending_terms")
     RECORD_VERSION = "INSERT INTO agentcheck_schema (version, applied_at) VALUES (?, ?)"
     # Taken before reading the schema version, so two processes that call setup() at
     # once apply each migration once. SQLite needs nothing: BEGIN IMMEDIATE already

@@ -85,12 +85,11 @@ __all__ = ["SaverCore"]
 _EMPTY = "empty"
 _COMMON_KEYS = ('["source"]=', '["step"]=', '["parents"')  # terms shared by many rows
 _MAX_TERM = 512  # longer metadata terms are stored as their SHA-256
-# The setting (agentcheck_settings) that records the form of the index terms, and the
-# "source" terms every LangGraph checkpoint's metadata has, by which a key is confirmed
-# on a database written before that form was recorded.
+# The setting (agentcheck_settings) that records the form of the index terms: plain,
+# a saver's keyed check value (_index_form), or some key's (recorded by a saver that has
+# none, which cannot tell whose).
 _INDEX_SETTING = "index_terms"
 _PLAIN_INDEX, _ANOTHER_KEY = "plain", "h:?"
-_SOURCE_TERMS = tuple(f'["source"]="{s}"' for s in ("input", "loop", "update", "fork"))
 _TERM_STATS_TTL = 60.0  # seconds a saver keeps the database's statistics of terms
 _CHUNK = 200  # keys per IN (...) list, well under every database's parameter limit
 # A checkpoint's metadata terms are left pending (SQL.PENDING_TERMS) up to this many
@@ -346,8 +345,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
         self._push_nodes: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         # The form of the database's index terms when it is not this saver's (see
-        # _settle_index): what it writes and looks up there would miss.
+        # _settle_index): what it writes and looks up there would miss. Looked at again
+        # until it is recorded.
         self._index_mismatch: str | None = None
+        self._index_recorded = False
         # Names this process in the runs it drives (agentcheck_runs.owner).
         self.owner = new_owner()
         self._terms_puts = 0
@@ -477,9 +478,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
     # -- setup: the schema, and the form of the index terms ---------------------------
 
     def _setup_op(self, migrations: Sequence[Sequence[str]]) -> Operation[None]:
-        """Bring the schema up to date, then settle the index terms' form."""
+        """Bring the schema up to date, then look at the index terms' form."""
         yield from migrate(self.sql, migrations)
-        yield from self._settle_index()
+        yield from self._settle_index(record=False)
         return None
 
     def _index_form(self) -> str:
@@ -487,64 +488,62 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         (a keyed check value stands for the key, and tells nothing of it)."""
         return self.codec.term("agentcheck/index-terms") if self.codec.encrypted else _PLAIN_INDEX
 
-    def _settle_index(self) -> Operation[None]:
-        """Read the form the database's index terms are in (recording this saver's on a
-        database that has none yet), and remember whether it differs from this saver's.
+    def _settle_index(self, *, record: bool) -> Operation[None]:
+        """Find the form the database's index terms are in, and remember whether it is
+        not this saver's. With ``record`` (a put, about to write terms), record it if it
+        is not yet: a database with no terms takes this saver's form.
 
-        A database written before the form was recorded is looked at: plain terms are
-        recorded as such; keyed ones as this saver's if its key wrote them (one of the
-        "source" terms every LangGraph checkpoint has is found in its form), as some
-        key's if this saver has none (the first saver whose key wrote them records its
-        own over that), and otherwise left unrecorded (nothing checked).
+        The form is read from agentcheck_settings; until a saver records it, from the
+        terms stored (a database written before it was recorded): plain ones are plain;
+        keyed ones are this saver's if it can decode the metadata of a checkpoint they
+        belong to (it has the key that wrote them), another key's if not. A saver without
+        a key records keyed terms as some key's; the first saver of that key records its
+        own over it.
         """
         ours = self._index_form()
-        rows = yield Query(self.sql.SELECT_SETTING, (_INDEX_SETTING,), fetch=True)
-        if not rows:
-            hashed = yield from self._stored_terms_keyed()
-            record: str | None
-            if hashed is None:
-                record = ours
-            elif not hashed:
-                record = _PLAIN_INDEX
-            elif not self.codec.encrypted:
-                record = _ANOTHER_KEY
-            else:
-                record = ours if (yield from self._our_key_wrote_terms()) else None
-            if record is not None:
-                yield Query(self.sql.RECORD_SETTING, (_INDEX_SETTING, record))
-                rows = yield Query(self.sql.SELECT_SETTING, (_INDEX_SETTING,), fetch=True)
-        stored = str(rows[0][0]) if rows else None
-        if stored == _ANOTHER_KEY and self.codec.encrypted:
-            # Recorded by a saver without a key, which could not tell whose the terms
-            # are: this saver's, if it wrote them.
-            if (yield from self._our_key_wrote_terms()):
-                yield Query(self.sql.REPLACE_SETTING, (ours, _INDEX_SETTING, stored))
-                stored = ours
-        self._index_mismatch = None if stored in (None, ours) else stored
+        stored = yield from self._index_setting()
+        form = stored
+        if stored is None or (stored == _ANOTHER_KEY and self.codec.encrypted):
+            found = yield from self._stored_terms_form()
+            if stored is None:
+                form = found
+                # (Keyed terms a saver with a key cannot decode: whose, it cannot tell.)
+                if record and not (found == _ANOTHER_KEY and self.codec.encrypted):
+                    yield Query(self.sql.RECORD_SETTING, (_INDEX_SETTING, found or ours))
+                    stored = form = yield from self._index_setting()
+            elif found == ours:
+                form = ours
+                if record:
+                    yield Query(self.sql.REPLACE_SETTING, (ours, _INDEX_SETTING, stored))
+                    stored = form = yield from self._index_setting()
+        self._index_recorded = stored is not None and form == stored
+        self._index_mismatch = None if form in (None, ours) else form
         return None
 
-    def _stored_terms_keyed(self) -> Operation[bool | None]:
-        """Whether the stored index terms are keyed hashes; None if there are none."""
-        rows = yield Query(self.sql.SAMPLE_TERM, fetch=True)
-        term = str(rows[0][0]) if rows else None
-        if term is None and self.sql.PENDING_TERMS:
-            rows = yield Query(self.sql.SAMPLE_PENDING_TERMS, fetch=True)
-            pending = self.sql.decode_terms(rows[0][0]) if rows else []
-            term = pending[0] if pending else None
-        return None if term is None else term.startswith("h:")
+    def _index_setting(self) -> Operation[str | None]:
+        rows = yield Query(self.sql.SELECT_SETTING, (_INDEX_SETTING,), fetch=True)
+        return str(rows[0][0]) if rows else None
 
-    def _our_key_wrote_terms(self) -> Operation[bool]:
-        """Whether a "source" term of this saver's form is stored."""
-        ours = [self._term(t) for t in _SOURCE_TERMS]
-        query = self.sql.ANY_TERM.format(terms=in_list(len(ours)))
-        if (yield Query(query, tuple(ours), fetch=True)):
-            return True
-        if not self.sql.PENDING_TERMS:
-            return False
-        matches = " OR ".join([self.sql.PENDING_TERM] * len(ours))
-        query = self.sql.ANY_PENDING_TERM.format(matches=matches)
-        found = yield Query(query, tuple(self.sql.pending_term(t) for t in ours), fetch=True)
-        return bool(found)
+    def _stored_terms_form(self) -> Operation[str | None]:
+        """The form of the stored index terms, judged from one of them and the metadata
+        of its checkpoint: plain, this saver's keyed form, or another key's; None if
+        there are none."""
+        rows = yield Query(self.sql.SAMPLE_TERM, fetch=True)
+        if not rows and self.sql.PENDING_TERMS:
+            rows = yield Query(self.sql.SAMPLE_PENDING_TERMS, fetch=True)
+        if not rows:
+            return None
+        terms, meta_type, meta_data, *key = rows[0]
+        # (A pending row holds all of its checkpoint's terms, each after a separator.)
+        if not str(terms).lstrip(self.sql.encode_terms([])).startswith("h:"):
+            return _PLAIN_INDEX
+        if not self.codec.encrypted:
+            return _ANOTHER_KEY
+        try:  # decoded only with the key that encrypted it, which also keyed its terms
+            self._load_metadata(meta_type, meta_data, (str(key[0]), str(key[1]), str(key[2])))
+        except CorruptDataError:
+            return _ANOTHER_KEY
+        return self._index_form()
 
     def _check_index_key(self, what: str) -> None:
         """Raise KeyMismatchError if the index terms are in another form than this
@@ -640,6 +639,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> Operation[RunnableConfig]:
+        if not self._index_recorded:
+            yield from self._settle_index(record=True)
         self._check_index_key(
             "a put would add terms of another form to it, which filters would then miss"
         )
@@ -910,6 +911,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         else:
             terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
             if terms:
+                if not self._index_recorded:
+                    yield from self._settle_index(record=False)
                 self._check_index_key("a metadata filter would miss checkpoints")
             if len(terms) > 1:
                 terms = yield from self._rarest_first(terms)

@@ -71,6 +71,8 @@ class RetentionCore(SaverCore):
 
     def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:
         terms = [self._term(r) for r in _id_list(run_ids, "run_ids")]
+        if not self._index_recorded:
+            yield from self._settle_index(record=False)
         self._check_index_key("delete_for_runs would find no checkpoint of those runs")
         doomed: list[tuple[str, str, str]] = []
         for chunk in _chunks(terms):
