@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import psycopg
 import pytest
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -720,16 +721,18 @@ async def test_deleting_a_thread_deletes_its_journal(kind: str, saver: Any, how:
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 @pytest.mark.parametrize("first", ["scope", "thread"])
+@pytest.mark.parametrize("tool", ["charge", "stripe|charge"])
 async def test_deleting_a_thread_keeps_an_effect_scope_ledger_of_the_same_id(
-    kind: str, saver: Any, first: str
+    kind: str, saver: Any, first: str, tool: str
 ) -> None:
     """An order id used as a LangGraph thread id and as an effect_scope (a fulfilment
     job's): delete_thread deleted the scope's ledger with the thread's, and the job, run
-    again after a crash, charged the card a second time. The scope's completed call is
-    kept, and replayed; the graph's journal goes."""
+    again after a crash, charged the card a second time (also, later, when the tool's
+    name held a "|"). The scope's completed call is kept, and replayed; the graph's
+    journal goes."""
     charges: list[int] = []
 
-    @agentcheck.side_effect(name="charge")
+    @agentcheck.side_effect(name=tool)
     def charge(amount: int) -> int:
         charges.append(amount)
         return amount
@@ -748,15 +751,46 @@ async def test_deleting_a_thread_keeps_an_effect_scope_ledger_of_the_same_id(
     for part in (job, conversation) if first == "scope" else (conversation, job):
         part()
     keys = {s.step_key for s in saver.journal.steps(scope="order-42")}
-    scopes = "|tool:charge#0"  # the scope's step; the graph's is keyed by its node's task
+    scopes = f"|tool:{tool}#0"  # the scope's step; the graph's is keyed by its node's task
     assert scopes in keys and [k.startswith("side:") for k in keys - {scopes}] == [True]
     assert charges == [10]  # the job's (the graph's node has a charge of its own)
     saver.delete_thread("order-42")
     kept = saver.journal.steps(scope="order-42")
-    assert [(s.step_key, s.status) for s in kept] == [("|tool:charge#0", "completed")]
+    assert [(s.step_key, s.status) for s in kept] == [(scopes, "completed")]
     job()  # run again: replayed, not charged
     assert charges == [10]
     assert saver.get_tuple(config("order-42")) is None
+
+
+def test_postgres_deleting_a_thread_during_a_put_deletes_what_the_put_logged(
+    pg_url: str,
+) -> None:
+    """A put that ends the run, under way in a transaction of the caller's, and a
+    delete_thread from another saver: the deletion deleted the events before it waited
+    for the run's row, with a snapshot taken before the put committed, and the put's
+    events outlived the thread. It now locks the run's rows first."""
+    from agentcheck.savers import PostgresSaver
+
+    with (
+        psycopg.connect(pg_url, autocommit=True) as conn,
+        PostgresSaver.from_conn_string(pg_url) as deleter,
+    ):
+        writer = PostgresSaver(conn)
+        writer.setup()
+        graph = one_node_graph(writer, lambda state: {"log": ["done"]})
+        graph.invoke({"log": []}, config("t1"), **SYNC)
+        assert writer.journal.events("t1") != []
+        with conn.transaction():
+            graph.invoke({"log": []}, config("t1"), **SYNC)  # starts and ends an attempt
+            deleting = threading.Thread(target=deleter.delete_thread, args=("t1",))
+            deleting.start()
+            time.sleep(0.5)
+            assert deleting.is_alive()  # it waits for the run's row
+        deleting.join(30)
+        assert not deleting.is_alive()
+        assert deleter.journal.get_run("t1") is None
+        assert deleter.journal.events("t1") == []
+        assert deleter.get_tuple(config("t1")) is None
 
 
 @parametrize_kinds

@@ -866,6 +866,50 @@ async def test_a_look_at_an_empty_database_does_not_decide_its_key(
             await list_all(kind, keyless, None, filter={"user": "ann"})
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_first_put_rolled_back_leaves_the_index_form_to_be_looked_at_again(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A keyed saver's first put, refused (an unlisted type) and rolled back with the
+    form it recorded, left the saver believing the form settled: a plain saver then
+    recorded "plain", and the keyed saver's later puts mixed keyed terms into the index
+    without a word. What a put learns of the form is kept only once it has committed."""
+    db = {"sqlite_path": sqlite_path, "pg_url": pg_url}
+    async with open_saver(kind, **db, encryption_key=generate_key()) as keyed:
+        bad = checkpoint_with({"x": Unlisted(label="x", count=1)}, {"x": 1})
+        with pytest.raises(UnsafeTypeError):
+            await call(kind, keyed, "put", generate_config("t1"), bad, {"user": "ann"}, {"x": 1})
+        assert _settings(kind, sqlite_path, pg_url) == []
+        async with open_saver(kind, **db) as plain:
+            await _put_runs(kind, plain, "t2")
+        with pytest.raises(KeyMismatchError, match="without an encryption key"):
+            await _put_runs(kind, keyed, "t3")
+        with pytest.raises(KeyMismatchError):
+            await list_all(kind, keyed, None, filter={"user": "ann"})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_one_damaged_row_does_not_make_the_right_key_look_like_another(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """On an encrypted database written before the form was recorded, the form was
+    judged from one checkpoint's metadata: if that row was damaged, the right key was
+    taken for another, and refused for good. A few checkpoints are looked at."""
+    key = generate_key()
+    db = {"sqlite_path": sqlite_path, "pg_url": pg_url}
+    async with open_saver(kind, **db, encryption_key=key) as saver:
+        for thread in ("t0", "t1", "t2"):
+            await _put_runs(kind, saver, thread)
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_settings")
+    damage = "UPDATE agentcheck_checkpoints SET metadata = ? WHERE thread_id = 't0'"
+    raw_sql(kind, sqlite_path, pg_url, damage, (b"\x00",))
+    async with open_saver(kind, **db, encryption_key=key) as right:
+        found = await list_all(kind, right, generate_config("t1"), filter={"user": "ann"})
+        assert len(found) == 2
+        await _put_runs(kind, right, "t3")
+    assert _settings(kind, sqlite_path, pg_url) == [("index_terms",)]
+
+
 # "aes" is LangGraph's own AES; the others are named like agentcheck's codec steps.
 @pytest.mark.parametrize("cipher", ["aes", "aesgcm", "z"])
 @pytest.mark.parametrize("own_key", [False, True], ids=["their-cipher", "both"])

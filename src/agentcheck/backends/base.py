@@ -261,16 +261,14 @@ class SQL:
         "INSERT INTO agentcheck_settings (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
     )
     REPLACE_SETTING = "UPDATE agentcheck_settings SET value = ? WHERE name = ? AND value = ?"
-    # One index term of the database and the metadata of its checkpoint, if any; with
-    # PENDING_TERMS, a pending row's terms and checkpoint too.
-    _SAMPLE = (
-        "SELECT t.{column}, c.metadata_type, c.metadata, c.thread_id, c.checkpoint_ns, "
-        "c.checkpoint_id FROM {table} AS t JOIN agentcheck_checkpoints AS c "
-        "ON c.thread_id = t.thread_id AND c.checkpoint_ns = t.checkpoint_ns "
-        "AND c.checkpoint_id = t.checkpoint_id LIMIT 1"
+    # One index term of the database, if any; with PENDING_TERMS, a pending row's terms.
+    SAMPLE_TERM = "SELECT term FROM agentcheck_metadata_terms LIMIT 1"
+    SAMPLE_PENDING_TERMS = "SELECT terms FROM agentcheck_pending_terms LIMIT 1"
+    # The metadata of a few checkpoints, to tell whose key encrypted them.
+    SAMPLE_METADATA = (
+        "SELECT metadata_type, metadata, thread_id, checkpoint_ns, checkpoint_id "
+        "FROM agentcheck_checkpoints LIMIT 8"
     )
-    SAMPLE_TERM = _SAMPLE.format(column="term", table="agentcheck_metadata_terms")
-    SAMPLE_PENDING_TERMS = _SAMPLE.format(column="terms", table="agentcheck_pending_terms")
     RECORD_VERSION = "INSERT INTO agentcheck_schema (version, applied_at) VALUES (?, ?)"
     # Taken before reading the schema version, so two processes that call setup() at
     # once apply each migration once. SQLite needs nothing: BEGIN IMMEDIATE already
@@ -532,24 +530,26 @@ class SQL:
         "DELETE FROM agentcheck_checkpoints WHERE thread_id = ?",
     )
     # A deleted thread's journal: the LangGraph runs of the thread, their events, and the
-    # ledger steps its graphs made. Each statement is given the thread id once per
-    # placeholder; the runs go last, the others look them up (a semi-join on the events'
-    # and steps' run indexes). A graph's step key holds its task: "{ns}|{task}|{call}",
-    # two "|" at least; an effect_scope's is "|{call}". The steps of an effect_scope
-    # whose run id is the thread's id (an order id used for both, say) share the run,
-    # and are kept: deleting them would make their calls again.
-    # (A LangGraph thread's run is named after it, also where an effect_scope made the
-    # row first, under its own framework: that row is kept.)
-    _RUNS_OF_THREAD = (
-        "SELECT run_id FROM agentcheck_runs WHERE thread_id = ? AND framework = 'langgraph' "
-        "UNION SELECT ?"
+    # ledger steps its graphs made. THREAD_RUNS finds the runs, the thread's and the run
+    # named after it (a LangGraph thread's run id is the thread id, also where an
+    # effect_scope made that row first, under its own framework: that row is kept), and
+    # on PostgreSQL locks them: a put under way that ends or starts the run has locked
+    # the row, and what it logged is then committed, and seen by the deletes after.
+    # {runs}: placeholders for the run ids. An effect_scope's step key is
+    # "|{kind}:{name}#{n}" (kind: tool or llm), a graph's "{ns}|{task id}|...": the
+    # steps of an effect_scope whose run is the thread's (an order id used for both)
+    # are kept, since deleting them would make their calls again.
+    THREAD_RUNS = (
+        "SELECT run_id FROM agentcheck_runs "
+        "WHERE (thread_id = ? AND framework = 'langgraph') OR run_id = ?"
     )
     DELETE_THREAD_JOURNAL: tuple[str, ...] = (
-        "DELETE FROM agentcheck_events WHERE run_id IN (" + _RUNS_OF_THREAD + ")",  # noqa: S608
-        "DELETE FROM agentcheck_steps WHERE run_id IN ("  # noqa: S608
-        + _RUNS_OF_THREAD
-        + ") AND step_key LIKE '%|%|%'",
-        "DELETE FROM agentcheck_runs WHERE thread_id = ? AND framework = 'langgraph'",
+        "DELETE FROM agentcheck_events WHERE run_id IN ({runs})",
+        "DELETE FROM agentcheck_steps WHERE run_id IN ({runs}) "
+        "AND step_key NOT LIKE '|tool:%' AND step_key NOT LIKE '|llm:%'",
+    )
+    DELETE_THREAD_RUNS = (
+        "DELETE FROM agentcheck_runs WHERE thread_id = ? AND framework = 'langgraph'"
     )
     DELETE_CHECKPOINT: tuple[str, ...] = (
         "DELETE FROM agentcheck_writes "

@@ -105,6 +105,7 @@ class PostgresSQL(SQL):
         "WHERE b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = k.column1 "
         "AND b.version = k.column2 FOR KEY SHARE) AS l) AS c WHERE c.n < ?"
     )
+    THREAD_RUNS = SQL.THREAD_RUNS + " FOR UPDATE"
     # A transaction-level advisory lock keyed by the thread id's hash (the key of another
     # thread may be the same: two deletions of those then take turns, which is all).
     LOCK_THREAD_DELETION = (

@@ -488,10 +488,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         (a keyed check value stands for the key, and tells nothing of it)."""
         return self.codec.term("agentcheck/index-terms") if self.codec.encrypted else _PLAIN_INDEX
 
-    def _settle_index(self, *, record: bool) -> Operation[None]:
+    def _settle_index(self, *, record: bool) -> Operation[str | None]:
         """Find the form the database's index terms are in, and remember whether it is
-        not this saver's. With ``record`` (a put, about to write terms), record it if it
-        is not yet: a database with no terms takes this saver's form.
+        not this saver's; returns the other form (None if the same, or not known). With
+        ``record`` (a put, about to write terms), record it if it is not yet: a database
+        with no terms takes this saver's form.
 
         The form is read from agentcheck_settings; until a saver records it, from the
         terms stored (a database written before it was recorded): plain ones are plain;
@@ -516,8 +517,24 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 if record:
                     yield Query(self.sql.REPLACE_SETTING, (ours, _INDEX_SETTING, stored))
                     stored = form = yield from self._index_setting()
-        self._index_recorded = stored is not None and form == stored
-        self._index_mismatch = None if form in (None, ours) else form
+        mismatch = None if form in (None, ours) else form
+        # Remembered once committed: a first put that fails is rolled back, record and
+        # all, and the form is then looked at again.
+        recorded = stored is not None and form == stored
+        yield OnCommit(partial(self._remember_index, recorded, mismatch))
+        return mismatch
+
+    def _remember_index(self, recorded: bool, mismatch: str | None) -> None:
+        self._index_recorded, self._index_mismatch = recorded, mismatch
+
+    def _check_index(self, what: str, *, record: bool = False) -> Operation[None]:
+        """Raise KeyMismatchError if the index terms are in another form than this
+        saver's (see _settle_index): ``what`` (a filter, a put...) would be wrong without
+        a word. ``record``: a put, which records the form where none is yet."""
+        mismatch = self._index_mismatch
+        if not self._index_recorded:
+            mismatch = yield from self._settle_index(record=record)
+        self._raise_key_mismatch(mismatch, what)
         return None
 
     def _index_setting(self) -> Operation[str | None]:
@@ -525,30 +542,30 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         return str(rows[0][0]) if rows else None
 
     def _stored_terms_form(self) -> Operation[str | None]:
-        """The form of the stored index terms, judged from one of them and the metadata
-        of its checkpoint: plain, this saver's keyed form, or another key's; None if
-        there are none."""
+        """The form of the stored index terms: plain, this saver's keyed form, or another
+        key's; None if there are none. Keyed terms are this saver's if it can decode the
+        metadata of one of a few checkpoints (encrypted with the key that keyed the
+        terms): one damaged row does not make the right key look like another."""
         rows = yield Query(self.sql.SAMPLE_TERM, fetch=True)
         if not rows and self.sql.PENDING_TERMS:
             rows = yield Query(self.sql.SAMPLE_PENDING_TERMS, fetch=True)
         if not rows:
             return None
-        terms, meta_type, meta_data, *key = rows[0]
         # (A pending row holds all of its checkpoint's terms, each after a separator.)
-        if not str(terms).lstrip(self.sql.encode_terms([])).startswith("h:"):
+        if not str(rows[0][0]).lstrip(self.sql.encode_terms([])).startswith("h:"):
             return _PLAIN_INDEX
         if not self.codec.encrypted:
             return _ANOTHER_KEY
-        try:  # decoded only with the key that encrypted it, which also keyed its terms
-            self._load_metadata(meta_type, meta_data, (str(key[0]), str(key[1]), str(key[2])))
-        except CorruptDataError:
-            return _ANOTHER_KEY
-        return self._index_form()
+        for meta_type, meta_data, *key in (yield Query(self.sql.SAMPLE_METADATA, fetch=True)):
+            try:
+                self._load_metadata(meta_type, meta_data, (str(key[0]), str(key[1]), str(key[2])))
+            except CorruptDataError:
+                continue
+            return self._index_form()
+        return _ANOTHER_KEY
 
-    def _check_index_key(self, what: str) -> None:
-        """Raise KeyMismatchError if the index terms are in another form than this
-        saver's: ``what`` (a filter, a put...) would be wrong without a word."""
-        stored = self._index_mismatch
+    def _raise_key_mismatch(self, stored: str | None, what: str) -> None:
+        """KeyMismatchError for index terms of the form ``stored`` (None: no error)."""
         if stored is None:
             return
         if stored == _PLAIN_INDEX:
@@ -639,10 +656,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> Operation[RunnableConfig]:
-        if not self._index_recorded:
-            yield from self._settle_index(record=True)
-        self._check_index_key(
-            "a put would add terms of another form to it, which filters would then miss"
+        yield from self._check_index(
+            "a put would add terms of another form to it, which filters would then miss",
+            record=True,
         )
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
@@ -911,9 +927,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         else:
             terms = sorted({self._term(t) for t in metadata_terms(filter or {})})
             if terms:
-                if not self._index_recorded:
-                    yield from self._settle_index(record=False)
-                self._check_index_key("a metadata filter would miss checkpoints")
+                yield from self._check_index("a metadata filter would miss checkpoints")
             if len(terms) > 1:
                 terms = yield from self._rarest_first(terms)
             if pages is not None:

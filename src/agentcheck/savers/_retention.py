@@ -61,8 +61,11 @@ class RetentionCore(SaverCore):
         # row before it locks the values its deltas are built on (its run transition is
         # its statement's main part, which PostgreSQL runs first); locked the other way
         # round, the two would wait for each other.
+        rows = yield Query(self.sql.THREAD_RUNS, (thread_id, thread_id), fetch=True)
+        runs = sorted({thread_id, *(str(r[0]) for r in rows)})
         for statement in self.sql.DELETE_THREAD_JOURNAL:
-            yield Query(statement, (thread_id,) * statement.count("?"))
+            yield Query(statement.format(runs=in_list(len(runs))), tuple(runs))
+        yield Query(self.sql.DELETE_THREAD_RUNS, (thread_id,))
         yield from self._lock_values([thread_id])
         for statement in self.sql.DELETE_THREAD:
             yield Query(statement, (thread_id,))
@@ -71,9 +74,7 @@ class RetentionCore(SaverCore):
 
     def _delete_for_runs(self, run_ids: Sequence[str]) -> Operation[None]:
         terms = [self._term(r) for r in _id_list(run_ids, "run_ids")]
-        if not self._index_recorded:
-            yield from self._settle_index(record=False)
-        self._check_index_key("delete_for_runs would find no checkpoint of those runs")
+        yield from self._check_index("delete_for_runs would find no checkpoint of those runs")
         doomed: list[tuple[str, str, str]] = []
         for chunk in _chunks(terms):
             rows = yield Query(
