@@ -910,6 +910,35 @@ async def test_one_damaged_row_does_not_make_the_right_key_look_like_another(
     assert _settings(kind, sqlite_path, pg_url) == [("index_terms",)]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_plain_rows_from_before_the_key_do_not_vouch_for_a_wrong_key(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A database written plain, then with key A, before the index form was recorded:
+    the form was judged from any checkpoints' metadata, and a plain row decodes with any
+    key, so a saver with key B passed, found nothing in its filters, and recorded B (A
+    was then refused). Only checkpoints that have keyed terms are looked at."""
+    db = {"sqlite_path": sqlite_path, "pg_url": pg_url}
+    async with open_saver(kind, **db) as plain:  # checkpoints whose metadata has no terms
+        for step in range(8):
+            cp = checkpoint_with({"x": [step]}, {"x": step + 1})
+            await call(kind, plain, "put", generate_config(f"old-{step}"), cp, {}, {"x": 1})
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_settings")
+    key = generate_key()
+    async with open_saver(kind, **db, encryption_key=key) as keyed:
+        # As before the form was recorded, when nothing stopped A from writing there.
+        record = "INSERT INTO agentcheck_settings (name, value) VALUES ('index_terms', ?)"
+        raw_sql(kind, sqlite_path, pg_url, record, (keyed._index_form(),))
+        await _put_runs(kind, keyed, "new")
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_settings")
+    async with open_saver(kind, **db, encryption_key=generate_key()) as wrong:
+        with pytest.raises(KeyMismatchError):
+            await list_all(kind, wrong, None, filter={"user": "ann"})
+        with pytest.raises(KeyMismatchError):
+            await _put_runs(kind, wrong, "other")
+    assert _settings(kind, sqlite_path, pg_url) == []
+
+
 # "aes" is LangGraph's own AES; the others are named like agentcheck's codec steps.
 @pytest.mark.parametrize("cipher", ["aes", "aesgcm", "z"])
 @pytest.mark.parametrize("own_key", [False, True], ids=["their-cipher", "both"])

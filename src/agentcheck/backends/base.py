@@ -264,10 +264,21 @@ class SQL:
     # One index term of the database, if any; with PENDING_TERMS, a pending row's terms.
     SAMPLE_TERM = "SELECT term FROM agentcheck_metadata_terms LIMIT 1"
     SAMPLE_PENDING_TERMS = "SELECT terms FROM agentcheck_pending_terms LIMIT 1"
-    # The metadata of a few checkpoints, to tell whose key encrypted them.
-    SAMPLE_METADATA = (
-        "SELECT metadata_type, metadata, thread_id, checkpoint_ns, checkpoint_id "
-        "FROM agentcheck_checkpoints LIMIT 8"
+    # The metadata of a few checkpoints whose index terms are keyed ("h:..."), to tell
+    # whose key encrypted them (a checkpoint written before a key was given is plain, and
+    # any key reads it); on SQLite, of pending rows too (given the separator and "h:").
+    _KEYED_METADATA = (
+        "SELECT c.metadata_type, c.metadata, c.thread_id, c.checkpoint_ns, c.checkpoint_id "
+        "FROM (SELECT DISTINCT thread_id, checkpoint_ns, checkpoint_id FROM {table} "
+        "WHERE {keyed} LIMIT 8) AS k JOIN agentcheck_checkpoints AS c "
+        "ON c.thread_id = k.thread_id AND c.checkpoint_ns = k.checkpoint_ns "
+        "AND c.checkpoint_id = k.checkpoint_id"
+    )
+    SAMPLE_KEYED_METADATA = _KEYED_METADATA.format(
+        table="agentcheck_metadata_terms", keyed="term LIKE 'h:%'"
+    )
+    SAMPLE_KEYED_PENDING_METADATA = _KEYED_METADATA.format(
+        table="agentcheck_pending_terms", keyed="instr(terms, ?) > 0"
     )
     RECORD_VERSION = "INSERT INTO agentcheck_schema (version, applied_at) VALUES (?, ?)"
     # Taken before reading the schema version, so two processes that call setup() at

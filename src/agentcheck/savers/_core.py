@@ -544,8 +544,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
     def _stored_terms_form(self) -> Operation[str | None]:
         """The form of the stored index terms: plain, this saver's keyed form, or another
         key's; None if there are none. Keyed terms are this saver's if it can decode the
-        metadata of one of a few checkpoints (encrypted with the key that keyed the
-        terms): one damaged row does not make the right key look like another."""
+        metadata of one of a few checkpoints that have keyed terms (encrypted with the
+        key that keyed them): one damaged row does not make the right key look like
+        another, nor a plain row written before the key the wrong one look right."""
         rows = yield Query(self.sql.SAMPLE_TERM, fetch=True)
         if not rows and self.sql.PENDING_TERMS:
             rows = yield Query(self.sql.SAMPLE_PENDING_TERMS, fetch=True)
@@ -556,7 +557,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             return _PLAIN_INDEX
         if not self.codec.encrypted:
             return _ANOTHER_KEY
-        for meta_type, meta_data, *key in (yield Query(self.sql.SAMPLE_METADATA, fetch=True)):
+        rows = list((yield Query(self.sql.SAMPLE_KEYED_METADATA, fetch=True)))
+        if self.sql.PENDING_TERMS:
+            keyed = self.sql.encode_terms([]) + "h:"
+            rows += yield Query(self.sql.SAMPLE_KEYED_PENDING_METADATA, (keyed,), fetch=True)
+        for meta_type, meta_data, *key in rows:
             try:
                 self._load_metadata(meta_type, meta_data, (str(key[0]), str(key[1]), str(key[2])))
             except CorruptDataError:
