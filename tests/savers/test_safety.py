@@ -939,6 +939,37 @@ async def test_plain_rows_from_before_the_key_do_not_vouch_for_a_wrong_key(
     assert _settings(kind, sqlite_path, pg_url) == []
 
 
+class _OtherXor(XorCipher):
+    """LangGraph's EncryptedSerializer cipher with another key: its rows do not decrypt."""
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        return bytes(b ^ 0x33 for b in ciphertext)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_serializer_that_cannot_read_the_metadata_is_not_taken_for_another_key(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """On a database written before the form was recorded, with agentcheck's key and
+    LangGraph's EncryptedSerializer, a saver with the right key but a serializer of
+    another key was told its encryption_key was another: any failure to load a sampled
+    metadata row counted as another key. Only agentcheck's own decryption counts."""
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    key = generate_key()
+    db = {"sqlite_path": sqlite_path, "pg_url": pg_url}
+    serde = EncryptedSerializer(XorCipher())  # type: ignore[arg-type]
+    async with open_saver(kind, **db, encryption_key=key, serde=serde) as saver:
+        await _put_runs(kind, saver, "t1")
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_settings")
+    other = EncryptedSerializer(_OtherXor())  # type: ignore[arg-type]
+    async with open_saver(kind, **db, encryption_key=key, serde=other) as saver:
+        with pytest.raises(CorruptDataError):
+            await call(kind, saver, "get_tuple", generate_config("t1"))
+        await _put_runs(kind, saver, "t2")  # the index's form is this saver's
+    assert _settings(kind, sqlite_path, pg_url) == [("index_terms",)]
+
+
 # "aes" is LangGraph's own AES; the others are named like agentcheck's codec steps.
 @pytest.mark.parametrize("cipher", ["aes", "aesgcm", "z"])
 @pytest.mark.parametrize("own_key", [False, True], ids=["their-cipher", "both"])

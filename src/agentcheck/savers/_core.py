@@ -561,9 +561,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if self.sql.PENDING_TERMS:
             keyed = self.sql.encode_terms([]) + "h:"
             rows += yield Query(self.sql.SAMPLE_KEYED_PENDING_METADATA, (keyed,), fetch=True)
-        for meta_type, meta_data, *key in rows:
+        for meta_type, meta_data, *_key in rows:
             try:
-                self._load_metadata(meta_type, meta_data, (str(key[0]), str(key[1]), str(key[2])))
+                # The codec's decryption only: it is agentcheck's key that keys the terms
+                # (a serializer of the caller's that cannot read the row is another error,
+                # which reads report).
+                self.codec.decode(meta_type, meta_data)
             except CorruptDataError:
                 continue
             return self._index_form()
