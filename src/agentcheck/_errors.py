@@ -30,7 +30,8 @@ class MissingExtraError(AgentcheckError, ImportError):
 
 
 class SchemaVersionError(AgentcheckError):
-    """The database schema is newer than this version of agentcheck understands."""
+    """The database schema is not at this agentcheck's version and cannot be brought to
+    it: it is newer than this version understands, or older on a read-only connection."""
 
 
 class UnsafeTypeError(AgentcheckError, TypeError):

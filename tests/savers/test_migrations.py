@@ -503,3 +503,53 @@ async def test_migration_5_leaves_checkpoints_without_a_run_out_of_the_run_index
         upgraded.delete_for_runs(["r-1", "r-2"])
         left = raw_sql(kind, sqlite_path, pg_url, "SELECT thread_id FROM agentcheck_checkpoints")
         assert sorted(thread for (thread,) in left) == ["c", "d"]
+
+
+# -- read-only connections -----------------------------------------------------------------
+
+
+def _read_only(kind: str, sqlite_path: str, pg_url: str) -> str:
+    """A connection string to the same database that cannot write."""
+    if is_postgres(kind):
+        return pg_url + "?options=-c%20default_transaction_read_only%3Don"
+    return f"file:{sqlite_path}?mode=ro"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_database_set_up_opens_on_a_read_only_connection(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """setup() wrote even when nothing was to change (on PostgreSQL its CREATE TABLE IF
+    NOT EXISTS is refused in a read-only transaction): a dashboard on a read-only
+    connection could not open a database. One already at this version is now set up by
+    reads alone."""
+    saver_cls: Any = PostgresSaver if is_postgres(kind) else SqliteSaver
+    writable = pg_url if is_postgres(kind) else sqlite_path
+    with saver_cls.from_conn_string(writable) as saver:
+        saver.setup()
+        cfg = generate_config("t1")
+        saver.put(cfg, generate_checkpoint(), {"source": "input", "user": "ann"}, {})
+    with saver_cls.from_conn_string(_read_only(kind, sqlite_path, pg_url)) as reader:
+        reader.setup()
+        assert reader.get_tuple(generate_config("t1")) is not None
+        assert len(list(reader.list(None, filter={"user": "ann"}))) == 1
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_an_older_schema_on_a_read_only_connection_says_what_to_do(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A database at an older schema version, opened read-only, failed with the database's
+    own "readonly" error; it now says that setup() needs write access to upgrade it."""
+    saver_cls: Any = PostgresSaver if is_postgres(kind) else SqliteSaver
+    writable = pg_url if is_postgres(kind) else sqlite_path
+    with saver_cls.from_conn_string(writable) as saver:
+        saver.setup()
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version = 7")
+    raw_sql(kind, sqlite_path, pg_url, "DROP TABLE agentcheck_settings")
+    with saver_cls.from_conn_string(_read_only(kind, sqlite_path, pg_url)) as reader:
+        with pytest.raises(SchemaVersionError, match="read-only, so setup\\(\\) cannot upgrade"):
+            reader.setup()
+    with saver_cls.from_conn_string(writable) as writer:
+        writer.setup()
+    assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]

@@ -256,6 +256,12 @@ class SQL:
         "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
     )
     SCHEMA_VERSION = "SELECT MAX(version) FROM agentcheck_schema"
+    # Whether agentcheck_schema exists (read before setup writes anything: a database
+    # already at this version is then set up by reads alone, on a read-only connection
+    # too).
+    SCHEMA_TABLE_EXISTS = (
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agentcheck_schema'"
+    )
     SELECT_SETTING = "SELECT value FROM agentcheck_settings WHERE name = ?"
     RECORD_SETTING = (
         "INSERT INTO agentcheck_settings (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
@@ -853,6 +859,15 @@ def portable_migrations(
         tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
         for migration in (_V1, _V2, _V3, _V4, _V5, _V6 if pending_terms else (), _V7)
     )
+
+
+def schema_version(sql: type[SQL] | SQL) -> Operation[int | None]:
+    """The schema version in force, 0 if none is recorded; None if there is no
+    agentcheck_schema table (nothing set up)."""
+    if not (yield Query(sql.SCHEMA_TABLE_EXISTS, fetch=True)):
+        return None
+    rows = yield Query(sql.SCHEMA_VERSION, fetch=True)
+    return int(rows[0][0] or 0) if rows else 0
 
 
 def migrate(sql: type[SQL] | SQL, migrations: Sequence[Sequence[str]]) -> Operation[int]:

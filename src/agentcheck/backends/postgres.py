@@ -106,6 +106,7 @@ class PostgresSQL(SQL):
         "AND b.version = k.column2 FOR KEY SHARE) AS l) AS c WHERE c.n < ?"
     )
     THREAD_RUNS = SQL.THREAD_RUNS + " FOR UPDATE"
+    SCHEMA_TABLE_EXISTS = "SELECT 1 WHERE to_regclass('agentcheck_schema') IS NOT NULL"
     # A transaction-level advisory lock keyed by the thread id's hash (the key of another
     # thread may be the same: two deletions of those then take turns, which is all).
     LOCK_THREAD_DELETION = (

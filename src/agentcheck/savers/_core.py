@@ -57,6 +57,7 @@ from agentcheck.backends.base import (
     in_list,
     migrate,
     pair_list,
+    schema_version,
 )
 from agentcheck.journal import Journal, JournalOps, new_owner
 from agentcheck.savers._deltas import BASES_KEY, DELTA, ListDeltas, pack_delta, unpack_delta
@@ -482,6 +483,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         yield from migrate(self.sql, migrations)
         yield from self._settle_index(record=False)
         return None
+
+    def _set_up_op(self, migrations: Sequence[Sequence[str]]) -> Operation[bool]:
+        """Whether the schema is at this version already; if so, look at the index
+        terms' form (reads only: a set-up database needs no write to open)."""
+        if (yield from schema_version(self.sql)) != len(migrations):
+            return False
+        yield from self._settle_index(record=False)
+        return True
 
     def _index_form(self) -> str:
         """The form of this saver's index terms: plain, or keyed by its encryption key

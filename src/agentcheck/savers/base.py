@@ -25,6 +25,7 @@ from langgraph.checkpoint.base import (
     DeltaChannelHistory,
 )
 
+from agentcheck._errors import SchemaVersionError
 from agentcheck.backends.base import Operation
 from agentcheck.savers._core import ListPages
 from agentcheck.savers._retention import RetentionCore
@@ -33,6 +34,18 @@ __all__ = ["AsyncSaver", "SyncSaver"]
 
 T = TypeVar("T")
 _STRIPES = 64
+
+
+def _raise_if_read_only(exc: Exception) -> None:
+    """setup() failed: if because the connection is read-only while the schema needs
+    upgrading (SQLite's "readonly database", PostgreSQL's SQLSTATE 25006), say so."""
+    read_only = getattr(exc, "sqlstate", None) == "25006" or "readonly database" in str(exc)
+    if read_only:
+        raise SchemaVersionError(
+            "this database's schema is older than this agentcheck's, and the connection is "
+            "read-only, so setup() cannot upgrade it: open it once with write access (or "
+            f"let a process that writes to it set it up first). The database said: {exc}"
+        ) from exc
 
 
 def _stripe(thread_id: Any) -> int:
@@ -103,7 +116,12 @@ class SyncSaver(RetentionCore):
     def setup(self) -> None:
         """Create or upgrade the tables. Idempotent, safe to call from several processes
         at once and inside an open transaction. Called automatically on first use."""
-        self._run(lambda: self._setup_op(self.migrations), True)
+        if not self._run(lambda: self._set_up_op(self.migrations), False):
+            try:
+                self._run(lambda: self._setup_op(self.migrations), True)
+            except Exception as exc:
+                _raise_if_read_only(exc)
+                raise
         self._is_setup = True
 
     def run_op(
@@ -317,7 +335,12 @@ class AsyncSaver(RetentionCore):
         at once and inside an open transaction. Called automatically on first use."""
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
-        await self._arun(lambda: self._setup_op(self.migrations), True)
+        if not await self._arun(lambda: self._set_up_op(self.migrations), False):
+            try:
+                await self._arun(lambda: self._setup_op(self.migrations), True)
+            except Exception as exc:
+                _raise_if_read_only(exc)
+                raise
         self._is_setup = True
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
