@@ -172,10 +172,6 @@ class CallContext:
         """The step key of a call given its :meth:`take_ordinal`."""
         return f"{self.key_prefix}|{ordinal[0]}#{ordinal[1]}"
 
-    def next_key(self, kind: str, name: str) -> str:
-        """The step key of the next call of ``name`` here: by call id, else by ordinal."""
-        return self.key_at(self.take_ordinal(kind, name))
-
 
 Resolver = Callable[[], "CallContext | None"]
 _resolvers: list[Resolver] = []

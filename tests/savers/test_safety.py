@@ -769,6 +769,11 @@ async def _put_runs(kind: str, saver: Any, thread: str) -> None:
         cfg = await call(kind, saver, "put", cfg, cp, meta, {"x": step + 1})
 
 
+async def _anns(kind: str, saver: Any) -> list[Any]:
+    """The checkpoints a metadata filter on user "ann" finds (those of _put_runs)."""
+    return await list_all(kind, saver, None, filter={"user": "ann"})
+
+
 @pytest.mark.parametrize("written", ["plain", "keyed"])
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "older-database"])
 @pytest.mark.parametrize("kind", KINDS)
@@ -795,15 +800,15 @@ async def test_a_saver_whose_key_differs_from_the_index_says_so(
             found = await call(kind, wrong, "get_tuple", generate_config(thread))
             assert found is not None and found.metadata["user"] == "ann"
         with pytest.raises(KeyMismatchError, match="metadata filter would miss"):
-            await list_all(kind, wrong, None, filter={"user": "ann"})
+            await _anns(kind, wrong)
         with pytest.raises(KeyMismatchError, match="delete_for_runs would find no"):
             await call(kind, wrong, "delete_for_runs", ["r1"])
         with pytest.raises(KeyMismatchError, match="a put would add terms"):
             await _put_runs(kind, wrong, f"t-{uuid.uuid4()}")
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, **first) as right:
-        assert len(await list_all(kind, right, None, filter={"user": "ann"})) == 2
+        assert len(await _anns(kind, right)) == 2
         await call(kind, right, "delete_for_runs", ["r1"])
-        assert len(await list_all(kind, right, None, filter={"user": "ann"})) == 1
+        assert len(await _anns(kind, right)) == 1
 
 
 def _settings(kind: str, sqlite_path: str, pg_url: str) -> list[tuple[Any, ...]]:
@@ -827,19 +832,19 @@ async def test_another_key_on_an_older_encrypted_database_is_refused_not_recorde
     for other in ({"encryption_key": generate_key()}, {}):
         async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, **other) as wrong:
             with pytest.raises(KeyMismatchError, match="metadata filter would miss"):
-                await list_all(kind, wrong, None, filter={"user": "ann"})
+                await _anns(kind, wrong)
             with pytest.raises(KeyMismatchError, match="a put would add terms"):
                 await _put_runs(kind, wrong, f"t-{uuid.uuid4()}")
         assert _settings(kind, sqlite_path, pg_url) == []
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key) as s:
-        assert len(await list_all(kind, s, None, filter={"user": "ann"})) == 2
+        assert len(await _anns(kind, s)) == 2
         await _put_runs(kind, s, f"t-{uuid.uuid4()}")
     assert _settings(kind, sqlite_path, pg_url) == [("index_terms",)]
     async with open_saver(
         kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=generate_key()
     ) as wrong:
         with pytest.raises(KeyMismatchError):
-            await list_all(kind, wrong, None, filter={"user": "ann"})
+            await _anns(kind, wrong)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -854,16 +859,16 @@ async def test_a_look_at_an_empty_database_does_not_decide_its_key(
     with agentcheck.connect(url) as journal:
         assert journal.runs() == []
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as keyless:
-        assert await list_all(kind, keyless, None, filter={"user": "ann"}) == []
+        assert await _anns(kind, keyless) == []
     assert _settings(kind, sqlite_path, pg_url) == []
     key = generate_key()
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url, encryption_key=key) as s:
         await _put_runs(kind, s, f"t-{uuid.uuid4()}")
-        assert len(await list_all(kind, s, None, filter={"user": "ann"})) == 2
+        assert len(await _anns(kind, s)) == 2
     assert _settings(kind, sqlite_path, pg_url) == [("index_terms",)]
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as keyless:
         with pytest.raises(KeyMismatchError, match="and this saver has none"):
-            await list_all(kind, keyless, None, filter={"user": "ann"})
+            await _anns(kind, keyless)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -885,7 +890,7 @@ async def test_a_first_put_rolled_back_leaves_the_index_form_to_be_looked_at_aga
         with pytest.raises(KeyMismatchError, match="without an encryption key"):
             await _put_runs(kind, keyed, "t3")
         with pytest.raises(KeyMismatchError):
-            await list_all(kind, keyed, None, filter={"user": "ann"})
+            await _anns(kind, keyed)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -933,7 +938,7 @@ async def test_plain_rows_from_before_the_key_do_not_vouch_for_a_wrong_key(
     raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_settings")
     async with open_saver(kind, **db, encryption_key=generate_key()) as wrong:
         with pytest.raises(KeyMismatchError):
-            await list_all(kind, wrong, None, filter={"user": "ann"})
+            await _anns(kind, wrong)
         with pytest.raises(KeyMismatchError):
             await _put_runs(kind, wrong, "other")
     assert _settings(kind, sqlite_path, pg_url) == []

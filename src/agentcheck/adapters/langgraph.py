@@ -88,16 +88,17 @@ class _ToolCallIds(BaseCallbackHandler):
         run_id: UUID,
         **kwargs: Any,
     ) -> None:
-        tool_call_id = kwargs.get("tool_call_id")
-        parent = kwargs.get("parent_run_id")
-        if not tool_call_id and parent is not None:  # a tool invoked inside a tool call
-            tool_call_id = self.ids.get(parent)
-        if tool_call_id:
-            self._remember(run_id, str(tool_call_id))
+        # (A tool invoked inside a tool call has no id of its own: it takes its parent's.)
+        self._remember(run_id, kwargs.get("tool_call_id"), kwargs.get("parent_run_id"))
 
-    def _remember(self, run_id: UUID, tool_call_id: str) -> None:
+    def _remember(self, run_id: UUID, tool_call_id: Any, parent_run_id: UUID | None) -> None:
+        """Keep the run's tool-call id: its own, else its parent run's, if either."""
+        if not tool_call_id and parent_run_id is not None:
+            tool_call_id = self.ids.get(parent_run_id)
+        if not tool_call_id:
+            return
         with self.lock:
-            self.ids[run_id] = tool_call_id
+            self.ids[run_id] = str(tool_call_id)
             while len(self.ids) > self.size:
                 self.ids.popitem(last=False)
 
@@ -111,10 +112,7 @@ class _ToolCallIds(BaseCallbackHandler):
         parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        if parent_run_id is not None:
-            inherited = self.ids.get(parent_run_id)
-            if inherited is not None:
-                self._remember(run_id, inherited)
+        self._remember(run_id, None, parent_run_id)  # a chain run inside a tool run
         # A task's callback metadata carries its namespace, "node:task_id" last. (Task
         # ids hold no ':'; a functional API @task's name may hold '|' or ':'.)
         ns = (metadata or {}).get("langgraph_checkpoint_ns")
@@ -133,8 +131,7 @@ class _ToolCallIds(BaseCallbackHandler):
             self._forget(run_id)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        if run_id in self.ids:
-            self._forget(run_id)
+        self.on_chain_end(None, run_id=run_id)
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._forget(run_id)
@@ -251,7 +248,7 @@ def _continued_prefix(
     node: str,
     ns: str,
     task_id: str,
-    path: str | None = None,
+    path: str | None,
 ) -> Generator[Any, Any, str]:
     """The key prefix of a resumed task's calls (a journal operation): that of the task
     it goes on with, when update_state was called while the node was paused at an

@@ -260,7 +260,7 @@ def _retry_conflict(exc: Exception, runner: SyncRunner | AsyncRunner) -> bool:
 
 def _conflict_pause(conflicts: int) -> float:
     """Seconds before the next try: growing, and random, so the two do not meet again."""
-    return float(random.uniform(0.005, 0.02) * (2**conflicts))
+    return float(random.uniform(0.005, 0.02) * 2**conflicts)  # (int ** int is Any to mypy)
 
 
 def _retry_or_raise(exc: Exception, conn: Any, is_pool: bool, last: bool, pool: str) -> None:

@@ -67,6 +67,7 @@ from agentcheck.savers._runs import (
     RunJournal,
     node_name,
     push_index,
+    push_nodes_of,
     triggers,
 )
 from agentcheck.savers._terms import metadata_terms
@@ -206,12 +207,8 @@ def _key_of(t: CheckpointTuple) -> tuple[str, str, str]:
 
 def _sends_to(values: Mapping[str, Any], index: int, node: str) -> bool:
     """Whether a checkpoint's pending Sends hold one to ``node`` at ``index``."""
-    sends = values.get("__pregel_tasks")
-    return (
-        isinstance(sends, list)
-        and index < len(sends)
-        and getattr(sends[index], "node", None) == node
-    )
+    nodes = push_nodes_of(values.get("__pregel_tasks"))
+    return nodes is not None and index < len(nodes) and nodes[index] == node
 
 
 def _all_of(conditions: Sequence[str]) -> str:
@@ -343,6 +340,15 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         self._null_writes: dict[str, tuple[str, int]] = {}
         self._edited_at: dict[str, tuple[str, bool]] = {}
         self._task_started: dict[str, str] = {}
+        # All of the above, which a deleted thread's run is forgotten from.
+        self._per_thread: tuple[dict[str, Any], ...] = (
+            self._run_status,
+            self._stopped_by,
+            self._commanded,
+            self._null_writes,
+            self._edited_at,
+            self._task_started,
+        )
         # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
         self._push_nodes: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         # The form of the database's index terms when it is not this saver's (see

@@ -182,10 +182,9 @@ def states_of(items: Sequence[Any], types: Sequence[type]) -> list[Any]:
     compared by identity (see :func:`snapshot`)."""
     kinds = {_kind(kind) for kind in set(types)}
     if kinds == {_MODEL}:  # a list of messages
-        states = list(map(_DICT_OF, items))
         if any(map(_EXTRA_OF, items)):
             return list(map(_with_extras, items))
-        return states
+        return list(map(_DICT_OF, items))
     if kinds == {_FIELDS}:
         return list(map(_DICT_OF, items))
     if kinds <= {_SAME, _ENTRIES}:

@@ -33,22 +33,16 @@ class RetentionCore(SaverCore):
 
     # -- deletion and retention -------------------------------------------------------
 
-    def _lock_deletion(self, thread_ids: Sequence[str]) -> Operation[None]:
-        """Take the turn to delete in these threads (SQL.LOCK_THREAD_DELETION; in this
-        order: sorted, so that two deletions take them alike)."""
-        if self.sql.LOCK_THREAD_DELETION is not None:
+    @staticmethod
+    def _lock_threads(statement: str | None, thread_ids: Sequence[str]) -> Operation[None]:
+        """Take a deletion's lock (SQL.LOCK_THREAD_DELETION: the turn to delete in the
+        threads; SQL.LOCK_THREAD_VALUES: their values, so that the statements after see
+        what the puts under way stored, and later puts wait) on each thread, in the order
+        given (sorted: two deletions lock alike). Nothing where writers take turns
+        (SQLite: the statement is None)."""
+        if statement is not None:
             for thread_id in thread_ids:
-                yield Query(self.sql.LOCK_THREAD_DELETION, (thread_id,), fetch=True)
-        return None
-
-    def _lock_values(self, thread_ids: Sequence[str]) -> Operation[None]:
-        """Before deleting stored values of these threads (sorted), wait for the puts
-        writing deltas on them to commit, and make later ones wait
-        (SQL.LOCK_THREAD_VALUES). The statements after this one see what those puts
-        stored. Nothing where writers take turns (SQLite)."""
-        if self.sql.LOCK_THREAD_VALUES is not None:
-            for thread_id in thread_ids:
-                yield Query(self.sql.LOCK_THREAD_VALUES, (thread_id,), fetch=True)
+                yield Query(statement, (thread_id,), fetch=True)
         return None
 
     def _delete_thread(self, thread_id: str) -> Operation[None]:
@@ -56,7 +50,7 @@ class RetentionCore(SaverCore):
         journal (runs, events, ledger steps: tool arguments and results too)."""
         thread_id = str(thread_id)
         self.list_deltas.clear_thread(thread_id)
-        yield from self._lock_deletion([thread_id])
+        yield from self._lock_threads(self.sql.LOCK_THREAD_DELETION, [thread_id])
         # The run's row before the values: a put that ends or starts the run updates that
         # row before it locks the values its deltas are built on (its run transition is
         # its statement's main part, which PostgreSQL runs first); locked the other way
@@ -66,7 +60,7 @@ class RetentionCore(SaverCore):
         for statement in self.sql.DELETE_THREAD_JOURNAL:
             yield Query(statement.format(runs=in_list(len(runs))), tuple(runs))
         yield Query(self.sql.DELETE_THREAD_RUNS, (thread_id,))
-        yield from self._lock_values([thread_id])
+        yield from self._lock_threads(self.sql.LOCK_THREAD_VALUES, [thread_id])
         for statement in self.sql.DELETE_THREAD:
             yield Query(statement, (thread_id,))
         yield OnCommit(self._forget_thread(thread_id))
@@ -86,11 +80,11 @@ class RetentionCore(SaverCore):
         if not doomed:
             return None
         threads = sorted({t for t, _, _ in doomed})
-        yield from self._lock_deletion(threads)
-        yield from self._lock_values(threads)
+        yield from self._lock_threads(self.sql.LOCK_THREAD_DELETION, threads)
+        yield from self._lock_threads(self.sql.LOCK_THREAD_VALUES, threads)
         for statement in self.sql.DELETE_CHECKPOINT:
             yield Query(statement, doomed, many=True)
-        for thread_id in {t for t, _, _ in doomed}:
+        for thread_id in threads:
             self.list_deltas.clear_thread(thread_id)
         for thread_ns in sorted({(t, ns) for t, ns, _ in doomed}):
             yield from self._collect_garbage(*thread_ns)
@@ -143,8 +137,8 @@ class RetentionCore(SaverCore):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         for thread_id in ids:
             self.list_deltas.clear_thread(thread_id)
-            yield from self._lock_deletion([thread_id])
-            yield from self._lock_values([thread_id])
+            yield from self._lock_threads(self.sql.LOCK_THREAD_DELETION, [thread_id])
+            yield from self._lock_threads(self.sql.LOCK_THREAD_VALUES, [thread_id])
             ns_rows = yield Query(self.sql.SELECT_THREAD_NAMESPACES, (thread_id,), fetch=True)
             for (ns,) in ns_rows:
                 yield from self._keep_latest(thread_id, ns)

@@ -24,6 +24,7 @@ __all__ = [
     "RunJournal",
     "node_name",
     "push_index",
+    "push_nodes_of",
     "root_task",
     "triggers",
 ]
@@ -41,7 +42,7 @@ def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | 
         return None  # a node's error handler, whose path is the failed node's
     if len(parts) >= 2 and parts[0] == "__pregel_pull":
         return parts[1]
-    index = push_index(task_path)
+    index = _push_index(parts)
     if index is not None and push_nodes and index < len(push_nodes) and push_nodes[index]:
         return push_nodes[index]
     return None
@@ -50,10 +51,22 @@ def node_name(task_path: str, push_nodes: Sequence[str] | None = None) -> str | 
 def push_index(task_path: str | None) -> int | None:
     """The index among the checkpoint's pending Sends of a Send's task, from its path
     (``~__pregel_push, 0000000002, ...``); None for any other task."""
-    parts = _path_parts(task_path) if task_path else []
+    return _push_index(_path_parts(task_path)) if task_path else None
+
+
+def _push_index(parts: Sequence[str]) -> int | None:
     if len(parts) >= 2 and parts[0] == "__pregel_push" and parts[1].isdigit():
         return int(parts[1])
     return None
+
+
+def push_nodes_of(pending: Any) -> list[str] | None:
+    """The node names of a checkpoint's pending Send tasks (its ``__pregel_tasks``), in
+    order: a Send task's path names it by its index here. None if there are none."""
+    try:
+        return [str(getattr(send, "node", "")) for send in pending]
+    except TypeError:  # not a list of Sends
+        return None
 
 
 # Checkpoints written from outside the graph: update_state.
@@ -168,6 +181,8 @@ class RunJournal:
     # may reach the saver after the tasks they ran (they are stored in the background):
     # they then belong to that attempt, even if it has paused again since.
     _task_started: dict[str, str]
+    # The per-thread maps above, together.
+    _per_thread: tuple[dict[str, Any], ...]
     # Node names of the Send tasks pending at recent checkpoints, by checkpoint.
     _push_nodes: OrderedDict[tuple[str, str, str], list[str]]
 
@@ -245,10 +260,10 @@ class RunJournal:
     def _remember_push_nodes(self, key: tuple[str, str, str], pending: Any) -> None:
         """Keep the node names of a checkpoint's pending Send tasks: their writes name the
         task only by its index in this list."""
-        try:
-            self._push_nodes[key] = [str(getattr(send, "node", "")) for send in pending]
-        except TypeError:
+        nodes = push_nodes_of(pending)
+        if nodes is None:
             return
+        self._push_nodes[key] = nodes
         while len(self._push_nodes) > 1024:
             self._push_nodes.popitem(last=False)
 
@@ -530,14 +545,7 @@ class RunJournal:
         conversation under the same id starts a run of its own."""
 
         def forget() -> None:
-            for per_thread in (
-                self._run_status,
-                self._stopped_by,
-                self._commanded,
-                self._null_writes,
-                self._edited_at,
-                self._task_started,
-            ):
+            for per_thread in self._per_thread:
                 per_thread.pop(thread_id, None)
             # list() copies the keys in one step: other threads' puts may add some.
             for key in list(self._push_nodes):
