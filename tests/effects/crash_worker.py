@@ -2,7 +2,8 @@
 
     python crash_worker.py SCENARIO DB WORKDIR PHASE [ANSWER_JSON]
 
-* ``SCENARIO``: ``agent`` / ``agent_react`` / ``agent_unwrapped``, ``interrupt``, ``model``,
+* ``SCENARIO``: ``agent`` / ``agent_react`` / ``agent_unwrapped``, ``interrupt``, ``fanout``,
+  ``model``,
   ``tool_<variant>`` (``raise``, ``reconcile``, ``reconcile_absent``, ``idempotent``, ``ask``).
 * ``DB``: a SQLite path (``SqliteSaver``) or a ``postgresql://`` URL (``PostgresSaver``).
   Scenario ``agent_unwrapped`` uses the official ``langgraph.checkpoint.sqlite.SqliteSaver``
@@ -12,7 +13,10 @@
   test counts real effects across processes.
 * ``PHASE``: ``crash`` (start the run and block forever at the scenario's kill point, after
   printing its marker), ``start`` (start the run, no blocking), ``resume`` (continue the
-  thread: ``invoke(None)``) or ``answer`` (``invoke(Command(resume=ANSWER_JSON))``).
+  thread: ``invoke(None)``), ``edit`` (an operator's update_state first: the model's last
+  message written again as the ``agent`` node's, or for ``fanout`` a note as the ``plan``
+  node's, then ``invoke(None)``) or ``answer``
+  (``invoke(Command(resume=ANSWER_JSON))``).
 
 The worker prints ``MARKER <name> <json>`` lines (flushed) at chosen points and, when the
 run returns, one JSON line last: ``{"status": "done" | "interrupted" | "error", ...}``
@@ -22,6 +26,7 @@ run returns, one JSON line last: ``{"status": "done" | "interrupted" | "error", 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import sys
 import threading
@@ -37,7 +42,7 @@ from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 
 from agentcheck import (
     NOT_DONE,
@@ -231,6 +236,40 @@ def build_interrupt() -> Any:
     return builder.compile(checkpointer=SAVER)
 
 
+# -- scenario 2b: a fan-out (Send) whose second branch dies after its charge -------------
+
+
+class FanOutState(TypedDict, total=False):
+    items: list[int]
+    note: str
+    charged: Annotated[list[int], operator.add]
+
+
+def build_fanout() -> Any:
+    def plan(state: FanOutState) -> dict[str, Any]:
+        return {}
+
+    def fan_out(state: FanOutState) -> list[Send]:
+        return [Send("work", {"items": [item]}) for item in state["items"]]
+
+    def work(state: FanOutState) -> dict[str, Any]:
+        [item] = state["items"]
+        if item == 2 and PHASE == "crash":  # the other branch charges first
+            wait_until(lambda: len(effects(CHARGES)) >= 1, "the first branch charged")
+        receipt = charge(item * 10)
+        if item == 2:
+            marker("BRANCH_CHARGED", kill_point=True, key=receipt["key"])
+        return {"charged": [receipt["amount"]]}
+
+    builder = StateGraph(FanOutState)
+    builder.add_node("plan", plan)
+    builder.add_node("work", work)
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges("plan", fan_out, ["work"])
+    builder.add_edge("work", END)
+    return builder.compile(checkpointer=SAVER)
+
+
 # -- scenario 3: a node that calls the durable model and dies before it finishes ----------
 
 
@@ -337,6 +376,8 @@ def build() -> tuple[Any, Any]:
         return build_agent(wrapped=False), agent_input()
     if SCENARIO == "interrupt":
         return build_interrupt(), {"amount": 42}
+    if SCENARIO == "fanout":
+        return build_fanout(), {"items": [1, 2]}
     if SCENARIO == "model":
         return build_model(), {"messages": [HumanMessage("Where is order 1001?")]}
     if SCENARIO.startswith("tool_"):
@@ -370,6 +411,15 @@ def run(graph: Any, inputs: Any) -> dict[str, Any]:
     if PHASE in ("crash", "start"):
         arg = inputs
     elif PHASE == "resume":
+        arg = None
+    elif PHASE == "edit":
+        # An operator looks at the stopped run and resumes it after an edit: the model's
+        # last message (its tool calls) is written again, unchanged, as the agent's.
+        if SCENARIO == "fanout":  # a note as the planner's: it sends the branches again
+            graph.update_state(CONFIG, {"note": "checked"}, as_node="plan")
+        else:
+            last = graph.get_state(CONFIG).values["messages"][-1]
+            graph.update_state(CONFIG, {"messages": [last]}, as_node="agent")
         arg = None
     elif PHASE == "answer":
         arg = Command(resume=ANSWER)

@@ -221,6 +221,53 @@ def test_agent_killed_after_charge_charges_once_and_does_not_pay_the_model_again
     assert env.run_status() == "succeeded"
 
 
+def test_agent_killed_then_edited_with_update_state_charges_once(env: Env) -> None:
+    # As above, but before resuming, an operator writes the model's tool-call message
+    # again (update_state as the agent node): LangGraph then runs the tools as a new task
+    # of the update's checkpoint. The task cut short by the kill (no writes stored) is
+    # still the one going on: its calls keep their keys, so the completed charge replays
+    # and the receipt's unknown outcome is reconciled by its key. (With create_react_agent
+    # the same edit ends the run: the finished charge's message then comes last.)
+    killed = kill_at("agent", env, "RECEIPT_SENT")
+    assert len(env.charges) == 1 and len(env.receipts) == 1
+
+    done = run_phase("agent", env, "edit")
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    charge, receipt = env.step("charge_card"), env.step("send_receipt")
+    assert [c["key"] for c in env.charges] == [charge.idempotency_key]
+    assert [r["key"] for r in env.receipts] == [receipt.idempotency_key] == [killed["key"]]
+    assert charge.status == receipt.status == "completed"
+    assert env.llm_calls == 2
+    messages = done.result["values"]["messages"]
+    tool_results = {m["tool_call_id"]: m["content"] for m in messages if m["type"] == "tool"}
+    assert tool_results == {
+        "call_charge": "charged 42",
+        "call_receipt": "receipt sent to ada@example.com",
+    }
+    assert env.run_status() == "succeeded"
+
+
+def test_send_branch_killed_then_edited_with_update_state_charges_once(env: Env) -> None:
+    # Two Send branches each charge; the second dies after its charge completed. An edit
+    # as the planner sends both branches again as new tasks of the update's checkpoint:
+    # each is the branch of the same index going on, so both charges replay.
+    killed = kill_at("fanout", env, "BRANCH_CHARGED")
+    assert sorted(c["amount"] for c in env.charges) == [10, 20]
+
+    done = run_phase("fanout", env, "edit")
+
+    assert done.returncode == 0, done.result
+    assert done.result["status"] == "done"
+    steps = {s.idempotency_key: s for s in env.steps() if s.name == "charge"}
+    assert sorted(c["amount"] for c in env.charges) == [10, 20]
+    assert {c["key"] for c in env.charges} == set(steps)
+    assert killed["key"] in steps
+    assert all(s.status == "completed" for s in steps.values())
+    assert 20 in done.result["values"]["charged"]
+
+
 # -- 2. a node that charges, then interrupts ---------------------------------------------
 
 

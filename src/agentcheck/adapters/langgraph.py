@@ -50,7 +50,7 @@ from agentcheck.effects import (
     register_resolver,
     resolve_context,
 )
-from agentcheck.savers._runs import root_task
+from agentcheck.savers._runs import root_task, task_key_prefix
 from agentcheck.savers.base import AsyncSaver, SyncSaver
 
 __all__ = ["DurableChatModel", "durable_model", "langgraph_context"]
@@ -186,7 +186,7 @@ def langgraph_context() -> CallContext | None:
         if node:
             resolve_prefix = partial(
                 _continued_prefix, saver, str(thread_id), parent_ns, str(own_checkpoint),
-                node, str(ns), str(task_id), _task_path(config),
+                node, str(ns), str(task_id), _task_path(config), _task_triggers(config),
             )  # fmt: skip
     stored_first = None
     if own_checkpoint and conf.get("__pregel_durability", "async") == "async":  # the default
@@ -240,6 +240,15 @@ def _task_path(config: Any) -> str | None:
         return None
 
 
+def _task_triggers(config: Any) -> tuple[str, ...] | None:
+    """The running task's triggers (its callback metadata's ``langgraph_triggers``), with
+    which LangGraph made its id; None if it cannot tell."""
+    found = (config.get("metadata") or {}).get("langgraph_triggers")
+    if not isinstance(found, (tuple, list)) or not all(isinstance(t, str) for t in found):
+        return None
+    return tuple(found)
+
+
 def _continued_prefix(
     saver: SyncSaver | AsyncSaver,
     thread_id: str,
@@ -249,6 +258,7 @@ def _continued_prefix(
     ns: str,
     task_id: str,
     path: str | None,
+    node_triggers: tuple[str, ...] | None = None,
 ) -> Generator[Any, Any, str]:
     """The key prefix of a resumed task's calls (a journal operation): that of the task
     it goes on with, when update_state was called while the node was paused at an
@@ -259,12 +269,10 @@ def _continued_prefix(
         found = _continued.get(key)
     if found is not None:
         return found
-    earlier = yield from saver._continued_task(thread_id, parent_ns, checkpoint_id, node, path)
-    if earlier is None:
-        prefix = f"{ns}|{task_id}"
-    else:
-        own = f"{node}:{earlier}"
-        prefix = f"{parent_ns}|{own}|{earlier}" if parent_ns else f"{own}|{earlier}"
+    earlier = yield from saver._continued_task(
+        thread_id, parent_ns, checkpoint_id, node, path, node_triggers
+    )
+    prefix = f"{ns}|{task_id}" if earlier is None else task_key_prefix(parent_ns, node, earlier)
     with _continued_lock:
         _continued[key] = prefix
         while len(_continued) > 4096:

@@ -68,6 +68,8 @@ from agentcheck.savers._runs import (
     node_name,
     push_index,
     push_nodes_of,
+    task_id_at,
+    task_key_prefix,
     triggers,
 )
 from agentcheck.savers._terms import metadata_terms
@@ -823,7 +825,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
     # -- reads ----------------------------------------------------------------------
 
     def _continued_task(
-        self, thread_id: str, ns: str, checkpoint_id: str, node: str, path: str | None = None
+        self,
+        thread_id: str,
+        ns: str,
+        checkpoint_id: str,
+        node: str,
+        path: str | None = None,
+        node_triggers: Sequence[str] | None = None,
     ) -> Operation[str | None]:
         """The task that ``node`` continues at ``checkpoint_id``, if that checkpoint was
         written by update_state over one where the node was paused at an interrupt (or
@@ -838,14 +846,21 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         ``path``: the resumed task's path (LangGraph's ``langgraph_path``, as stored with
         writes): the task that ran there is the one of the same path, which tells apart
         the tasks of one node that Sends made (the same Send, at the same index of the
-        pending Sends). Without it, the one task of ``node``."""
+        pending Sends). Without it, the one task of ``node``.
+
+        A task cut short by a crash stored no writes: it is then found by the id
+        LangGraph gave it there (from ``node_triggers``, the node's, or its Send's
+        index), if the ledger holds calls of it."""
         push = push_index(path)
         found_task: str | None = None
+        parent: CheckpointTuple | None = None
         for _ in range(16):  # updates made one after another
-            found = yield from self._get_tuple(
-                {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
-                                  "checkpoint_id": checkpoint_id}}
-            )  # fmt: skip
+            found = parent
+            if found is None or found.config["configurable"]["checkpoint_id"] != checkpoint_id:
+                found = yield from self._get_tuple(
+                    {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns,
+                                      "checkpoint_id": checkpoint_id}}
+                )  # fmt: skip
             if found is None or found.metadata.get("source") not in OUTSIDE_EDITS:
                 return found_task
             values = found.checkpoint["channel_values"]
@@ -871,6 +886,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 if (at == path if path else node_name(at) == node)
                 and not at.startswith(UPDATE_PATH)
             }
+            if not ran:  # none stored writes there: one may have been cut short
+                parent = yield from self._get_tuple(found.parent_config)
+                crashed = yield from self._crashed_task(
+                    thread_id, ns, parent, node, path, node_triggers
+                )
+                ran = {crashed} if crashed else ran
             if ran & updated:
                 return found_task
             if len(ran) != 1:
@@ -882,6 +903,30 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             # That task went on with an earlier one if its checkpoint is an update too.
             found_task = ran.pop()
         return found_task
+
+    def _crashed_task(
+        self,
+        thread_id: str,
+        ns: str,
+        at: CheckpointTuple | None,
+        node: str,
+        path: str | None,
+        node_triggers: Sequence[str] | None,
+    ) -> Operation[str | None]:
+        """The task of ``node`` that ran from checkpoint ``at`` and stored no writes (a
+        crash cut it short), if it made calls the ledger holds: its id is the one
+        LangGraph gave it there (see task_id_at)."""
+        if at is None:
+            return None
+        step = at.metadata.get("step")
+        if type(step) is not int:
+            return None
+        task_id = task_id_at(at.checkpoint, step + 1, ns, node, path, node_triggers)
+        if task_id is None:
+            return None
+        prefix = task_key_prefix(ns, node, task_id) + "|"
+        params = (thread_id, len(prefix), prefix)
+        return task_id if (yield Query(self.sql.TASK_HAS_CALLS, params, fetch=True)) else None
 
     def _went_on(self, thread_id: str, ns: str, checkpoint_id: str, ours: str) -> Operation[bool]:
         """Whether a run went on from ``checkpoint_id`` other than through ``ours`` (the

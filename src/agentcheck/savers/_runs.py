@@ -7,6 +7,7 @@ checkpoint or writes that caused them (docs/journal.md, "What LangGraph runs wri
 
 from __future__ import annotations
 
+import binascii
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -26,6 +27,8 @@ __all__ = [
     "push_index",
     "push_nodes_of",
     "root_task",
+    "task_id_at",
+    "task_key_prefix",
     "triggers",
 ]
 
@@ -58,6 +61,46 @@ def _push_index(parts: Sequence[str]) -> int | None:
     if len(parts) >= 2 and parts[0] == "__pregel_push" and parts[1].isdigit():
         return int(parts[1])
     return None
+
+
+def task_key_prefix(parent_ns: str, node: str, task_id: str) -> str:
+    """The key prefix of a task's wrapped calls, as the LangGraph adapter makes it: the
+    task's checkpoint namespace (``<node>:<task id>`` under ``parent_ns``), then its id."""
+    own = f"{node}:{task_id}"
+    return f"{parent_ns}|{own}|{task_id}" if parent_ns else f"{own}|{task_id}"
+
+
+def task_id_at(
+    checkpoint: Mapping[str, Any],
+    step: int,
+    parent_ns: str,
+    node: str,
+    path: str | None,
+    node_triggers: Sequence[str] | None,
+) -> str | None:
+    """The id LangGraph gives the task of ``node`` that runs from ``checkpoint`` at
+    ``step``: a node's own task by the node's triggers, a Send's task by its index among
+    the pending Sends (from ``path``). None where it cannot tell (a functional API
+    call, no triggers, another LangGraph's layout). Its callers check the id against
+    what is stored, so an id LangGraph would make otherwise only finds nothing."""
+    try:
+        from langgraph._internal._constants import PULL, PUSH
+        from langgraph.pregel._algo import _uuid5_str, _xxhash_str
+    except ImportError:  # pragma: no cover - another LangGraph layout
+        return None
+    try:
+        id_bytes = binascii.unhexlify(str(checkpoint["id"]).replace("-", ""))
+        version = int(checkpoint.get("v", 1))
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return None
+    make = _xxhash_str if version > 1 else _uuid5_str
+    ns = f"{parent_ns}|{node}" if parent_ns else node
+    index = push_index(path)
+    if index is not None:
+        return make(id_bytes, ns, str(step), node, PUSH, str(index))
+    if node_triggers is None or (path is not None and not path.startswith("~" + PULL)):
+        return None
+    return make(id_bytes, ns, str(step), node, PULL, *node_triggers)
 
 
 def push_nodes_of(pending: Any) -> list[str] | None:
