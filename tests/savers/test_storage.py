@@ -307,6 +307,53 @@ async def test_copies_prunes_and_deletes_take_pending_terms_along(
     assert sorted(t for (t,) in rows) == ["a"]  # the mover's checkpoint has no metadata
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_kept_checkpoint_whose_parent_was_deleted_has_no_parent(
+    kind: str, saver: Any
+) -> None:
+    """prune(keep_latest) and delete_for_runs leave a checkpoint whose parent they
+    deleted with no parent (as the official PostgresSaver's prune does), not naming a
+    checkpoint that is gone. A parent that was never stored is not theirs to clear."""
+
+    async def put(thread: str, parent: str | None, run_id: str) -> str:
+        conf = {"thread_id": thread, "checkpoint_ns": ""}
+        if parent is not None:
+            conf["checkpoint_id"] = parent
+        checkpoint = generate_checkpoint()
+        meta = {"run_id": run_id, "step": 0}
+        await call(saver, "put", kind, {"configurable": conf}, checkpoint, meta, {})
+        return str(checkpoint["id"])
+
+    async def parent_of(thread: str, checkpoint_id: str) -> str | None:
+        config = {"configurable": {"thread_id": thread, "checkpoint_ns": "",
+                                   "checkpoint_id": checkpoint_id}}  # fmt: skip
+        found = await call(saver, "get_tuple", kind, config)
+        assert found is not None
+        return (
+            None
+            if found.parent_config is None
+            else found.parent_config["configurable"]["checkpoint_id"]
+        )
+
+    first = await put("p", None, "r1")
+    second = await put("p", first, "r1")
+    latest = await put("p", second, "r2")
+    await call(saver, "prune", kind, ["p"], strategy="keep_latest")
+    assert await parent_of("p", latest) is None
+    listed = await collect(saver, "list", kind, {"configurable": {"thread_id": "p"}})
+    assert [(t.checkpoint["id"], t.parent_config) for t in listed] == [(latest, None)]
+
+    first = await put("d", None, "r1")
+    second = await put("d", first, "r1")
+    third = await put("d", second, "r2")
+    fourth = await put("d", third, "r2")
+    stray = await put("d", "never-stored", "r3")
+    await call(saver, "delete_for_runs", kind, ["r1"])
+    assert await parent_of("d", third) is None
+    assert await parent_of("d", fourth) == third
+    assert await parent_of("d", stray) == "never-stored"
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"])
 async def test_pending_terms_left_behind_are_moved_by_the_next_saver(
     kind: str, db: dict[str, str]

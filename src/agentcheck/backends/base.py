@@ -593,6 +593,12 @@ class SQL:
         "SELECT thread_id, checkpoint_ns, checkpoint_id FROM agentcheck_checkpoints "
         "WHERE run_id IN ({runs})"
     )
+    # A kept checkpoint whose parent a deletion removed is left with no parent (as the
+    # official PostgresSaver's prune leaves it), not naming a checkpoint that is gone.
+    CLEAR_PARENT = (
+        "UPDATE agentcheck_checkpoints SET parent_checkpoint_id = NULL "
+        "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?"
+    )
     SELECT_NS_CHECKPOINTS = (
         "SELECT checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata_type, "
         "metadata FROM agentcheck_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? "

@@ -86,15 +86,23 @@ class RetentionCore(SaverCore):
             yield Query(statement, doomed, many=True)
         for thread_id in threads:
             self.list_deltas.clear_thread(thread_id)
-        for thread_ns in sorted({(t, ns) for t, ns, _ in doomed}):
-            yield from self._collect_garbage(*thread_ns)
+        deleted: dict[tuple[str, str], set[str]] = {}
+        for t, ns, cid in doomed:
+            deleted.setdefault((t, ns), set()).add(cid)
+        for (thread_id, ns), ids in sorted(deleted.items()):
+            yield from self._collect_garbage(thread_id, ns, ids)
         return None
 
-    def _collect_garbage(self, thread_id: str, ns: str) -> Operation[None]:
-        """Delete stored values no remaining checkpoint of (thread, namespace) refers to,
-        keeping the snapshots that referenced deltas are built on, and each channel's
-        newest snapshot (a writer may still be making deltas of it)."""
+    def _collect_garbage(self, thread_id: str, ns: str, deleted: set[str]) -> Operation[None]:
+        """After checkpoints of (thread, namespace) were ``deleted``: the remaining ones
+        whose parent that was lose their parent (SQL.CLEAR_PARENT), and the stored values
+        none of them refers to are deleted, keeping the snapshots that referenced deltas
+        are built on, and each channel's newest snapshot (a writer may still be making
+        deltas of it)."""
         rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
+        orphans = [(thread_id, ns, row[0]) for row in rows if row[1] in deleted]
+        if orphans:
+            yield Query(self.sql.CLEAR_PARENT, orphans, many=True)
         referenced: set[tuple[str, str]] = set()
         for cid, _parent, cp_type, cp_data, _mt, _md in rows:
             rest = self._load_checkpoint(cp_type, cp_data, (thread_id, ns, cid))
@@ -176,5 +184,5 @@ class RetentionCore(SaverCore):
         if doomed:
             for statement in self.sql.DELETE_CHECKPOINT:
                 yield Query(statement, doomed, many=True)
-            yield from self._collect_garbage(thread_id, ns)
+            yield from self._collect_garbage(thread_id, ns, {cid for _, _, cid in doomed})
         return None
