@@ -15,7 +15,8 @@
   printing its marker), ``start`` (start the run, no blocking), ``resume`` (continue the
   thread: ``invoke(None)``), ``edit`` (an operator's update_state first: the model's last
   message written again as the ``agent`` node's, or for ``fanout`` a note as the ``plan``
-  node's, then ``invoke(None)``) or ``answer``
+  node's, then ``invoke(None)``), ``reorder`` (``fanout``: the items changed as the
+  ``plan`` node's, then ``invoke(None)``) or ``answer``
   (``invoke(Command(resume=ANSWER_JSON))``).
 
 The worker prints ``MARKER <name> <json>`` lines (flushed) at chosen points and, when the
@@ -411,6 +412,9 @@ def run(graph: Any, inputs: Any) -> dict[str, Any]:
     if PHASE in ("crash", "start"):
         arg = inputs
     elif PHASE == "resume":
+        arg = None
+    elif PHASE == "reorder":  # fanout: a new item first, the earlier ones swapped
+        graph.update_state(CONFIG, {"items": [3, 2, 1]}, as_node="plan")
         arg = None
     elif PHASE == "edit":
         # An operator looks at the stopped run and resumes it after an edit: the model's

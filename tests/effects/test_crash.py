@@ -268,6 +268,22 @@ def test_send_branch_killed_then_edited_with_update_state_charges_once(env: Env)
     assert 20 in done.result["values"]["charged"]
 
 
+def test_send_branches_reordered_by_update_state_each_keep_their_own_calls(env: Env) -> None:
+    # As above, but the planner's edit adds an item and swaps the two: every Send is at
+    # another index now. Each branch goes on with the one of the same Send, not of the
+    # same index: 10 and 20 are charged once each, the new 30 once.
+    killed = kill_at("fanout", env, "BRANCH_CHARGED")
+
+    done = run_phase("fanout", env, "reorder")
+
+    assert done.returncode == 0, done.result
+    assert sorted(c["amount"] for c in env.charges) == [10, 20, 30]
+    steps = {s.idempotency_key: s for s in env.steps() if s.name == "charge"}
+    assert {c["key"] for c in env.charges} == set(steps)
+    assert killed["key"] == next(c["key"] for c in env.charges if c["amount"] == 20)
+    assert set(done.result["values"]["charged"]) == {10, 20, 30}
+
+
 # -- 2. a node that charges, then interrupts ---------------------------------------------
 
 

@@ -69,7 +69,7 @@ from agentcheck.journal import Event, Step
 from agentcheck.savers import SqliteSaver
 from fake_models import ScriptedChatModel, tool_call_message
 
-from savers_support import ASYNC_KINDS, KINDS, SYNC_KINDS, call, is_async, is_postgres
+from savers_support import ASYNC_KINDS, KINDS, SYNC_KINDS, call, collect, is_async, is_postgres
 
 parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
 no_deprecation_noise = pytest.mark.filterwarnings(
@@ -538,6 +538,33 @@ async def test_update_state_while_paused_does_not_repeat_an_effect(
     assert (step.status, step.attempts) == ("completed", 1)
     events = await call(saver.journal, "events", kind, "t1")
     assert phases(events) == ["start", "end", "replay"]
+
+
+@parametrize_kinds
+async def test_prune_between_an_edit_and_its_resume_does_not_repeat_an_effect(
+    kind: str, saver: Any
+) -> None:
+    """As above, with prune(keep_latest) run between the edit and the resume: it keeps
+    the checkpoint the edit was made over (with the paused task's writes), which the
+    resumed task needs to go on with it, and still deletes the older ones."""
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+
+    def after(result: Any) -> dict[str, Any]:
+        return {"out": [result, interrupt("review the order?")]}
+
+    graph = one_node_graph(calling_node(kind, charge, (5,), after), saver)
+    await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    before = await collect(saver, "list", kind, config("t1"))
+    await call(graph, "update_state", kind, config("t1"), {"out": ["note"]})
+    await call(saver, "prune", kind, ["t1"], strategy="keep_latest")
+    kept = await collect(saver, "list", kind, config("t1"))
+    assert len(kept) == 2 < len(before) + 1
+    assert kept[1].config == before[0].config
+    final = await call(graph, "invoke", kind, Command(resume="approved"), config("t1"))
+
+    assert calls == [5]
+    assert final["out"][-2:] == [{"charged": 5, "run": 1}, "approved"]
 
 
 @parametrize_kinds

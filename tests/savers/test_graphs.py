@@ -336,6 +336,44 @@ class Moded(TypedDict):
     log: Annotated[list[str], operator.add]
 
 
+def _extend_in_place(left: list[str], right: list[str]) -> list[str]:
+    left.extend(right)  # impure, but common: the reducer changes the list it is given
+    return left
+
+
+class InPlace(TypedDict):
+    items: Annotated[list[str], _extend_in_place]
+
+
+@parametrize_kinds
+async def test_history_snapshots_do_not_share_a_list(kind: str, saver: Any) -> None:
+    """Checkpoints read together that hold one version of a list each get their own
+    list, as with the official savers: LangGraph applying a pending Command's update
+    with a reducer that extends in place changes that checkpoint's snapshot only, and
+    so does a caller changing one snapshot's list."""
+    builder = StateGraph(InPlace)
+    builder.add_node("a", lambda state: {})
+    builder.add_node("ask", lambda state: {"items": [interrupt("q")]})
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "ask")
+    builder.add_edge("ask", END)
+    graph = builder.compile(checkpointer=saver)
+    config = thread("shared")
+    await call(graph, "invoke", kind, {"items": ["x"]}, config)
+    await call(graph, "invoke", kind, Command(resume="answer", update={"items": ["upd"]}), config)
+
+    history = await collect(graph, "get_state_history", kind, config)
+    steps = {h.metadata["step"]: h.values.get("items") for h in history}
+    assert steps[2] == ["x", "upd", "answer"]
+    assert steps[1] == ["x", "upd"]  # its pending update, applied to it alone
+    assert steps[0] == ["x"]
+    tuples = await collect(saver, "list", kind, config)
+    lists = [t.checkpoint["channel_values"]["items"] for t in tuples[-3:-1]]
+    assert lists[0] == lists[1] == ["x"] and lists[0] is not lists[1]
+    lists[0].append("changed")
+    assert lists[1] == ["x"]
+
+
 @parametrize_kinds
 async def test_update_state_and_fork_from_older_checkpoint(kind: str, saver: Any) -> None:
     calls: Counter[str] = Counter()

@@ -521,12 +521,11 @@ class SQL:
         "AND checkpoint_ns = ? AND (checkpoint_id = ? OR checkpoint_id < ?) "
         "ORDER BY checkpoint_id DESC LIMIT 1"
     )
-    # Whether the ledger holds a call of a task, by its calls' key prefix (given with its
-    # length in characters): compared as text, not as a range, which PostgreSQL would
-    # order by the database's collation.
+    # Whether the ledger holds a call of a task, by its calls' keys: from ``<prefix>|``
+    # up to (not including) ``<prefix>}`` ("}" follows "|"), an index range in SQLite's
+    # binary order.
     TASK_HAS_CALLS = (
-        "SELECT 1 FROM agentcheck_steps "
-        "WHERE scope = ? AND substr(step_key, 1, CAST(? AS INTEGER)) = ? LIMIT 1"
+        "SELECT 1 FROM agentcheck_steps WHERE scope = ? AND step_key >= ? AND step_key < ? LIMIT 1"
     )
     SELECT_CHILDREN = (
         "SELECT checkpoint_id, metadata_type, metadata FROM agentcheck_checkpoints "

@@ -105,6 +105,12 @@ class PostgresSQL(SQL):
         "WHERE b.thread_id = ? AND b.checkpoint_ns = ? AND b.channel = k.column1 "
         "AND b.version = k.column2 FOR KEY SHARE) AS l) AS c WHERE c.n < ?"
     )
+    # The range in code point order, whatever the database's collation orders "|" and
+    # "}" by (the scope's rows are found by the index, the range is a filter on them).
+    TASK_HAS_CALLS = (
+        'SELECT 1 FROM agentcheck_steps WHERE scope = ? AND step_key COLLATE "C" >= ? '
+        'AND step_key COLLATE "C" < ? LIMIT 1'
+    )
     THREAD_RUNS = SQL.THREAD_RUNS + " FOR UPDATE"
     SCHEMA_TABLE_EXISTS = "SELECT 1 WHERE to_regclass('agentcheck_schema') IS NOT NULL"
     # A transaction-level advisory lock keyed by the thread id's hash (the key of another

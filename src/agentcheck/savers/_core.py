@@ -20,6 +20,7 @@ Storage layout (see docs/savers.md):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import random
@@ -71,6 +72,7 @@ from agentcheck.savers._runs import (
     task_id_at,
     task_key_prefix,
     triggers,
+    with_push_index,
 )
 from agentcheck.savers._terms import metadata_terms
 from agentcheck.serde import (
@@ -108,6 +110,7 @@ _ROW_COMPRESS_MIN = 2048  # checkpoint rows from this size up are compressed
 _ENCRYPTED_COMPRESS_MIN = 65536
 
 
+_CONTAINERS = (list, dict, set)  # values a read gives each checkpoint a copy of
 INLINE_KEY = "_ac_inline"  # in a stored checkpoint: {channel: small plain value}
 _INLINE_TEXT = 256  # strings up to this long are kept inside the checkpoint row
 
@@ -211,6 +214,21 @@ def _sends_to(values: Mapping[str, Any], index: int, node: str) -> bool:
     """Whether a checkpoint's pending Sends hold one to ``node`` at ``index``."""
     nodes = push_nodes_of(values.get("__pregel_tasks"))
     return nodes is not None and index < len(nodes) and nodes[index] == node
+
+
+def _same_send(values: Mapping[str, Any], earlier: Mapping[str, Any], index: int) -> int | None:
+    """The index among an earlier checkpoint's pending Sends of the Send a checkpoint
+    has at ``index`` (the same node and argument; of equal ones, the one at the same
+    index, else the first); None if it has none such."""
+    sends: Any = values.get("__pregel_tasks")
+    before: Any = earlier["channel_values"].get("__pregel_tasks")
+    try:
+        send = sends[index]
+        if index < len(before) and before[index] == send:
+            return index
+        return next((i for i, other in enumerate(before) if other == send), None)
+    except Exception:  # not lists of Sends, or arguments that do not compare
+        return None
 
 
 def _all_of(conditions: Sequence[str]) -> str:
@@ -845,8 +863,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
         ``path``: the resumed task's path (LangGraph's ``langgraph_path``, as stored with
         writes): the task that ran there is the one of the same path, which tells apart
-        the tasks of one node that Sends made (the same Send, at the same index of the
-        pending Sends). Without it, the one task of ``node``.
+        the tasks of one node that Sends made: the task of the same Send (node and
+        argument) among the earlier checkpoint's pending Sends, wherever the update left
+        it. Without it, the one task of ``node``.
 
         A task cut short by a crash stored no writes: it is then found by the id
         LangGraph gave it there (from ``node_triggers``, the node's, or its Send's
@@ -873,6 +892,14 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             params = (thread_id, ns, checkpoint_id)
             if (yield from self._went_on(thread_id, ns, checkpoint_id, ours)):
                 return found_task  # the run went on from there: this is a fork
+            if push is not None and path is not None:
+                # The same Send there, at whatever index (an update may send others, or
+                # the same in another order); none: this task is new.
+                parent = yield from self._get_tuple(found.parent_config)
+                earlier = None if parent is None else _same_send(values, parent.checkpoint, push)
+                if earlier is None:
+                    return found_task
+                push, path = earlier, with_push_index(path, earlier)
             rows = yield Query(self.sql.SELECT_TASK_WRITES, params, fetch=True)
             # update_state(as_node=<the paused node>) writes in the paused task's name:
             # the node is done, and what runs next is a new run of it, not this one.
@@ -887,7 +914,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 and not at.startswith(UPDATE_PATH)
             }
             if not ran:  # none stored writes there: one may have been cut short
-                parent = yield from self._get_tuple(found.parent_config)
+                if parent is None or parent.config["configurable"]["checkpoint_id"] != (
+                    checkpoint_id
+                ):
+                    parent = yield from self._get_tuple(found.parent_config)
                 crashed = yield from self._crashed_task(
                     thread_id, ns, parent, node, path, node_triggers
                 )
@@ -924,8 +954,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         task_id = task_id_at(at.checkpoint, step + 1, ns, node, path, node_triggers)
         if task_id is None:
             return None
-        prefix = task_key_prefix(ns, node, task_id) + "|"
-        params = (thread_id, len(prefix), prefix)
+        prefix = task_key_prefix(ns, node, task_id)
+        params = (thread_id, prefix + "|", prefix + "}")
         return task_id if (yield Query(self.sql.TASK_HAS_CALLS, params, fetch=True)) else None
 
     def _went_on(self, thread_id: str, ns: str, checkpoint_id: str, ours: str) -> Operation[bool]:
@@ -1176,6 +1206,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 )
 
         caches: dict[tuple[str, str], _Decoded] = {}
+        # A value shared by several of the rows (decoded once) is given to each but the
+        # first as a copy, as reading it again would: a caller, or a reducer LangGraph
+        # applies in place to a checkpoint's pending writes, changing one checkpoint's
+        # list must not change another's. (Their items stay shared, as do a list's
+        # versions' items.)
+        handed: set[int] = set()
         result = []
         for key, parent_id, rest, meta, inline in decoded:
             thread_id, ns, checkpoint_id = key
@@ -1190,7 +1226,13 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 pair = (channel, str(version))
                 if pair not in found:
                     continue
-                channel_values[channel] = self._value(found, pair, key, ns_cache)
+                value = self._value(found, pair, key, ns_cache)
+                if type(value) in _CONTAINERS:
+                    if id(value) in handed:
+                        value = copy.copy(value)
+                    else:
+                        handed.add(id(value))
+                channel_values[channel] = value
             checkpoint = cast(Checkpoint, {**rest, "channel_values": channel_values})
             pending = [w for _, w in sorted(writes.get(key, []), key=lambda item: item[0])]
             result.append(

@@ -13,6 +13,7 @@ from typing import Any
 from agentcheck.backends.base import OnCommit, Operation, Query, in_list
 from agentcheck.savers._core import _EMPTY, INLINE_KEY, SaverCore, _chunks
 from agentcheck.savers._deltas import BASES_KEY, DELTA
+from agentcheck.savers._runs import OUTSIDE_EDITS
 
 __all__ = ["RetentionCore"]
 
@@ -163,6 +164,16 @@ class RetentionCore(SaverCore):
         latest = rows[0]
         keep = {latest[0]}
         meta = self._load_metadata(latest[4], latest[5], (thread_id, ns, latest[0]))
+        # Newest an edit (update_state) not resumed yet: the checkpoints it was made over,
+        # back to the step it edits, stay too, with their writes, so that the resumed
+        # tasks still find the ones they go on with (their completed calls replay).
+        edit, edit_meta = latest, meta
+        while edit_meta.get("source") in OUTSIDE_EDITS and edit[1] in by_id:
+            edit = by_id[edit[1]]
+            if edit[0] in keep:  # (a damaged chain that loops)
+                break
+            keep.add(edit[0])
+            edit_meta = self._load_metadata(edit[4], edit[5], (thread_id, ns, edit[0]))
         delta_channels = set(meta.get("counters_since_delta_snapshot") or {})
         if delta_channels:
             blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)

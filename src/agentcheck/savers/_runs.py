@@ -30,6 +30,7 @@ __all__ = [
     "task_id_at",
     "task_key_prefix",
     "triggers",
+    "with_push_index",
 ]
 
 
@@ -55,6 +56,13 @@ def push_index(task_path: str | None) -> int | None:
     """The index among the checkpoint's pending Sends of a Send's task, from its path
     (``~__pregel_push, 0000000002, ...``); None for any other task."""
     return _push_index(_path_parts(task_path)) if task_path else None
+
+
+def with_push_index(task_path: str, index: int) -> str:
+    """A Send task's path with another index among the pending Sends."""
+    parts = task_path.split(", ")
+    parts[1] = f"{index:010d}"
+    return ", ".join(parts)
 
 
 def _push_index(parts: Sequence[str]) -> int | None:
