@@ -513,13 +513,16 @@ async def test_a_retried_tool_node_waits_for_a_sibling_still_running(
 
 
 @parametrize_kinds
-@pytest.mark.parametrize("updates", [1, 2])
+@pytest.mark.parametrize(("updates", "prune"), [(1, False), (2, False), (1, True)])
 async def test_update_state_while_paused_does_not_repeat_an_effect(
-    kind: str, saver: Any, updates: int
+    kind: str, saver: Any, updates: int, prune: bool
 ) -> None:
     """A reviewer edits the state of a node paused after its charge (update_state), then
     resumes it: LangGraph runs the node as a new task of the update's checkpoint, whose
-    calls got new keys, so the card was charged twice, under two keys."""
+    calls got new keys, so the card was charged twice, under two keys. With ``prune``,
+    prune(keep_latest) runs between the edit and the resume: it keeps the checkpoint
+    the edit was made over (with the paused task's writes), which the resumed task needs
+    to go on with it, and deletes the older ones."""
     calls: list[int] = []
     charge = charge_fn(kind, calls)
 
@@ -528,8 +531,13 @@ async def test_update_state_while_paused_does_not_repeat_an_effect(
 
     graph = one_node_graph(calling_node(kind, charge, (5,), after), saver)
     await call(graph, "invoke", kind, {"out": []}, config("t1"))
+    paused = await collect(saver, "list", kind, config("t1"))
     for i in range(updates):
         await call(graph, "update_state", kind, config("t1"), {"out": [f"note {i}"]})
+    if prune:
+        await call(saver, "prune", kind, ["t1"], strategy="keep_latest")
+        kept = await collect(saver, "list", kind, config("t1"))
+        assert [t.config for t in kept[1:]] == [paused[0].config] and len(paused) > 1
     final = await call(graph, "invoke", kind, Command(resume="approved"), config("t1"))
 
     assert calls == [5]
@@ -538,33 +546,6 @@ async def test_update_state_while_paused_does_not_repeat_an_effect(
     assert (step.status, step.attempts) == ("completed", 1)
     events = await call(saver.journal, "events", kind, "t1")
     assert phases(events) == ["start", "end", "replay"]
-
-
-@parametrize_kinds
-async def test_prune_between_an_edit_and_its_resume_does_not_repeat_an_effect(
-    kind: str, saver: Any
-) -> None:
-    """As above, with prune(keep_latest) run between the edit and the resume: it keeps
-    the checkpoint the edit was made over (with the paused task's writes), which the
-    resumed task needs to go on with it, and still deletes the older ones."""
-    calls: list[int] = []
-    charge = charge_fn(kind, calls)
-
-    def after(result: Any) -> dict[str, Any]:
-        return {"out": [result, interrupt("review the order?")]}
-
-    graph = one_node_graph(calling_node(kind, charge, (5,), after), saver)
-    await call(graph, "invoke", kind, {"out": []}, config("t1"))
-    before = await collect(saver, "list", kind, config("t1"))
-    await call(graph, "update_state", kind, config("t1"), {"out": ["note"]})
-    await call(saver, "prune", kind, ["t1"], strategy="keep_latest")
-    kept = await collect(saver, "list", kind, config("t1"))
-    assert len(kept) == 2 < len(before) + 1
-    assert kept[1].config == before[0].config
-    final = await call(graph, "invoke", kind, Command(resume="approved"), config("t1"))
-
-    assert calls == [5]
-    assert final["out"][-2:] == [{"charged": 5, "run": 1}, "approved"]
 
 
 @parametrize_kinds
