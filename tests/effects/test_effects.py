@@ -41,6 +41,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, create_react_agent
+from langgraph.prebuilt.chat_agent_executor import AgentState
 from langgraph.types import Command, RetryPolicy, Send, interrupt
 from pydantic import BaseModel
 from typing_extensions import TypedDict
@@ -548,6 +549,126 @@ async def test_update_state_while_paused_does_not_repeat_an_effect(
     assert phases(events) == ["start", "end", "replay"]
 
 
+class Fan(TypedDict, total=False):
+    items: list[dict[str, Any]]
+    out: Annotated[list[Any], operator.add]
+
+
+def fan_out_graph(kind: str, charge: Any, saver: Any) -> Any:
+    """plan -> one Send to ``work`` per item; each charges its amount, and an item with
+    ``ask`` then asks a human."""
+
+    def after(item: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
+        def done(receipt: Any) -> dict[str, Any]:
+            if item.get("ask"):
+                interrupt("approve the big one?")
+            return {"out": [(item["amount"], receipt["run"])]}
+
+        return done
+
+    def node_for(state: Fan) -> Any:
+        [item] = state["items"]
+        return calling_node(kind, charge, (item["amount"],), after(item))
+
+    if is_async(kind):
+
+        async def work(state: Fan) -> Any:
+            return await node_for(state)(state)
+
+    else:
+
+        def work(state: Fan) -> Any:  # type: ignore[misc]
+            return node_for(state)(state)
+
+    builder = StateGraph(Fan)
+    builder.add_node("plan", lambda state: {})
+    builder.add_node("work", work)
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges(
+        "plan", lambda state: [Send("work", {"items": [item]}) for item in state["items"]]
+    )
+    builder.add_edge("work", END)
+    return builder.compile(checkpointer=saver)
+
+
+@parametrize_kinds
+@pytest.mark.parametrize(
+    ("edited", "charged"),
+    [
+        # a new item first: every Send is at another index; only the new one charges
+        ([7, 5, "big"], [5, 99, 7]),
+        # a second item equal to one that ran: its own Send, its own charge
+        ([5, 5, "big"], [5, 99, 5]),
+        # the same Sends again: all replay
+        ([5, "big"], [5, 99]),
+    ],
+    ids=["new-first", "equal-added", "unchanged"],
+)
+async def test_an_edit_of_the_sends_pairs_each_with_the_same_send_before(
+    kind: str, saver: Any, edited: list[Any], charged: list[int]
+) -> None:
+    """Sends paused beside one that asks a human; the planner's edit (update_state as
+    ``plan``) sends them again, maybe changed. Each Send goes on with the same Send of
+    before, one to one, wherever it now is: a Send new there, or a second one equal to
+    one that ran, makes its call; the others replay theirs."""
+    calls: list[int] = []
+    graph = fan_out_graph(kind, charge_fn(kind, calls), saver)
+    big = {"amount": 99, "ask": True}
+    await call(graph, "invoke", kind, {"items": [{"amount": 5}, big]}, config("t1"))
+    assert sorted(calls) == [5, 99]
+    items = [big if i == "big" else {"amount": i} for i in edited]
+    await call(graph, "update_state", kind, config("t1"), {"items": items}, as_node="plan")
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+
+    assert sorted(calls) == sorted(charged)
+    receipts = [run for _, run in final["out"]]
+    assert len(set(receipts)) == len(receipts) == len(edited)  # no call's result twice
+
+
+@parametrize_kinds
+@no_deprecation_noise
+async def test_an_edit_while_a_prebuilt_agents_tool_asks_does_not_repeat_a_charge(
+    kind: str, saver: Any
+) -> None:
+    """create_react_agent sends each tool call as its own task, the graph's state in its
+    argument. An edit of the state while one tool asks a human sends them again with the
+    new state: each is still the same tool call (its id), so the completed charge
+    replays."""
+    calls: list[int] = []
+
+    @tool
+    @side_effect
+    def charge(amount: int) -> str:
+        """Charge the card."""
+        calls.append(amount)
+        return f"charged {amount} (run {len(calls)})"
+
+    @tool
+    def approve(what: str) -> str:
+        """Ask a human."""
+        return f"approved={interrupt(f'approve {what}?')}"
+
+    class Noted(AgentState):
+        note: str
+
+    model = ScriptedChatModel(
+        responses=[
+            tool_call_message(("charge", {"amount": 5}, "c1"), ("approve", {"what": "it"}, "c2")),
+            AIMessage("done"),
+        ]
+    )
+    agent = create_react_agent(model, [charge, approve], checkpointer=saver, state_schema=Noted)
+    start = {"messages": [HumanMessage("buy")], "note": ""}
+    await call(agent, "invoke", kind, start, config("t1"))
+    assert calls == [5]
+    await call(agent, "update_state", kind, config("t1"), {"note": "checked"})
+    final = await call(agent, "invoke", kind, Command(resume="yes"), config("t1"))
+
+    assert calls == [5]
+    tool_messages = [m.content for m in final["messages"] if isinstance(m, ToolMessage)]
+    assert tool_messages == ["charged 5 (run 1)", "approved=yes"]
+
+
 @parametrize_kinds
 async def test_two_edits_each_before_an_answer_do_not_repeat_an_effect(
     kind: str, saver: Any
@@ -662,14 +783,15 @@ async def test_an_edit_while_a_send_branch_is_paused_repeats_no_branchs_effect(
 
 
 @parametrize_kinds
-@pytest.mark.parametrize("first", ["resumed", "edited, then resumed"])
+@pytest.mark.parametrize("first", ["resumed", "edited, then resumed", "resumed, then pruned"])
 async def test_an_edit_of_an_older_checkpoint_is_a_fork_whose_calls_are_new(
     kind: str, saver: Any, first: str
 ) -> None:
     """update_state on a checkpoint the run has gone on from (time travel) starts a new
     branch: its node runs as a new task, and its calls run, under new keys, whether the
     run went on from it directly or through an earlier edit of it. Only an edit of the
-    step a run is paused at goes on with the task that ran there."""
+    step a run is paused at goes on with the task that ran there. A prune between the
+    fork and its run (keep_latest) must not make it look like such an edit."""
     calls: list[int] = []
     charge = charge_fn(kind, calls)
 
@@ -685,6 +807,8 @@ async def test_an_edit_of_an_older_checkpoint_is_a_fork_whose_calls_are_new(
     assert calls == [5]
 
     fork = await call(graph, "update_state", kind, paused_at, {"out": ["retry"]})
+    if first.endswith("pruned"):
+        await call(saver, "prune", kind, ["t1"], strategy="keep_latest")
     forked = await call(graph, "invoke", kind, None, fork)
     assert [i.value for i in forked["__interrupt__"]] == ["approve?"]
     assert calls == [5, 5]

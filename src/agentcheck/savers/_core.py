@@ -46,6 +46,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from agentcheck._errors import CorruptDataError, KeyMismatchError
 from agentcheck.backends.base import (
@@ -216,19 +217,69 @@ def _sends_to(values: Mapping[str, Any], index: int, node: str) -> bool:
     return nodes is not None and index < len(nodes) and nodes[index] == node
 
 
-def _same_send(values: Mapping[str, Any], earlier: Mapping[str, Any], index: int) -> int | None:
-    """The index among an earlier checkpoint's pending Sends of the Send a checkpoint
-    has at ``index`` (the same node and argument; of equal ones, the one at the same
-    index, else the first); None if it has none such."""
+# Serializes Send arguments to compare them: LangGraph's own format, deterministic (not
+# the saver's serializer, which may encrypt with a fresh nonce each time).
+_SEND_SERDE = JsonPlusSerializer(pickle_fallback=False)
+
+
+def _send_identity(send: Any) -> Any:
+    """What makes a pending Send the same one at another checkpoint: its node, and its
+    tool call's id for the prebuilt agent's per-call Sends (whose argument also carries
+    the graph's state, which an update changes), else its argument as serialized (equal
+    values, NaN included, serialize alike). None if it cannot tell (no Send)."""
+    node, arg = getattr(send, "node", None), getattr(send, "arg", None)
+    if not isinstance(node, str):
+        return None
+    if isinstance(arg, Mapping) and arg.get("__type") == "tool_call_with_context":
+        call = arg.get("tool_call")
+        call_id = call.get("id") if isinstance(call, Mapping) else None
+        if isinstance(call_id, str):
+            return (node, "tool_call", call_id)
+        arg = call
+    try:
+        return (node, "arg", _SEND_SERDE.dumps_typed(arg))
+    except Exception:  # not serializable: not recognized
+        return None
+
+
+def _earlier_send(values: Mapping[str, Any], earlier: Mapping[str, Any], index: int) -> int | None:
+    """The index among an earlier checkpoint's pending Sends of the Send a checkpoint has
+    at ``index``, or None if it is new there. Sends are paired one to one: those the same
+    (``_send_identity``) at the same index, then each remaining one, in order, with the
+    first unpaired earlier one the same. One left unpaired is taken for the one at its
+    index only if both lists send to the same nodes in the same order (an update that
+    changed the graph's state, which Sends often carry, but not the fan-out)."""
     sends: Any = values.get("__pregel_tasks")
     before: Any = earlier["channel_values"].get("__pregel_tasks")
     try:
-        send = sends[index]
-        if index < len(before) and before[index] == send:
-            return index
-        return next((i for i, other in enumerate(before) if other == send), None)
-    except Exception:  # not lists of Sends, or arguments that do not compare
+        sends, before = list(sends), list(before)
+    except TypeError:  # not lists of Sends
         return None
+    if index >= len(sends):
+        return None
+    ours = [_send_identity(send) for send in sends]
+    theirs = [_send_identity(send) for send in before]
+    paired: dict[int, int] = {
+        i: i
+        for i in range(min(len(ours), len(theirs)))
+        if ours[i] is not None and ours[i] == theirs[i]
+    }
+    used = set(paired.values())
+    for i, identity in enumerate(ours):
+        if i in paired or identity is None:
+            continue
+        match = next(
+            (j for j, other in enumerate(theirs) if j not in used and other == identity), None
+        )
+        if match is not None:
+            paired[i] = match
+            used.add(match)
+    if index in paired:
+        return paired[index]
+    same_shape = [getattr(s, "node", None) for s in sends] == [
+        getattr(s, "node", None) for s in before
+    ]
+    return index if same_shape and index not in used else None
 
 
 def _all_of(conditions: Sequence[str]) -> str:
@@ -896,7 +947,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 # The same Send there, at whatever index (an update may send others, or
                 # the same in another order); none: this task is new.
                 parent = yield from self._get_tuple(found.parent_config)
-                earlier = None if parent is None else _same_send(values, parent.checkpoint, push)
+                earlier = None if parent is None else _earlier_send(values, parent.checkpoint, push)
                 if earlier is None:
                     return found_task
                 push, path = earlier, with_push_index(path, earlier)

@@ -167,13 +167,17 @@ class RetentionCore(SaverCore):
         # Newest an edit (update_state) not resumed yet: the checkpoints it was made over,
         # back to the step it edits, stay too, with their writes, so that the resumed
         # tasks still find the ones they go on with (their completed calls replay).
-        edit, edit_meta = latest, meta
+        # Not for an edit of a step the run went on from (a fork, whose calls are new):
+        # without the later checkpoints it would look like an edit of a paused step.
+        edit, edit_meta, chain = latest, meta, [latest[0]]
         while edit_meta.get("source") in OUTSIDE_EDITS and edit[1] in by_id:
             edit = by_id[edit[1]]
-            if edit[0] in keep:  # (a damaged chain that loops)
+            if edit[0] in chain:  # (a damaged chain that loops)
                 break
-            keep.add(edit[0])
+            chain.append(edit[0])
             edit_meta = self._load_metadata(edit[4], edit[5], (thread_id, ns, edit[0]))
+        if not any(r[1] in chain and r[0] not in chain for r in rows):
+            keep.update(chain)
         delta_channels = set(meta.get("counters_since_delta_snapshot") or {})
         if delta_channels:
             blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
