@@ -514,16 +514,21 @@ async def test_a_retried_tool_node_waits_for_a_sibling_still_running(
 
 
 @parametrize_kinds
-@pytest.mark.parametrize(("updates", "prune"), [(1, False), (2, False), (1, True)])
+@pytest.mark.parametrize(
+    ("updates", "prune", "same_base"),
+    [(1, False, False), (2, False, False), (1, True, False), (2, True, True)],
+)
 async def test_update_state_while_paused_does_not_repeat_an_effect(
-    kind: str, saver: Any, updates: int, prune: bool
+    kind: str, saver: Any, updates: int, prune: bool, same_base: bool
 ) -> None:
     """A reviewer edits the state of a node paused after its charge (update_state), then
     resumes it: LangGraph runs the node as a new task of the update's checkpoint, whose
     calls got new keys, so the card was charged twice, under two keys. With ``prune``,
     prune(keep_latest) runs between the edit and the resume: it keeps the checkpoint
     the edit was made over (with the paused task's writes), which the resumed task needs
-    to go on with it, and deletes the older ones."""
+    to go on with it, and deletes the older ones. With ``same_base``, each edit is of
+    the paused checkpoint itself (two edits side by side, not one over the other): an
+    edit beside it is no step the run went on to, so it is no fork either."""
     calls: list[int] = []
     charge = charge_fn(kind, calls)
 
@@ -534,7 +539,8 @@ async def test_update_state_while_paused_does_not_repeat_an_effect(
     await call(graph, "invoke", kind, {"out": []}, config("t1"))
     paused = await collect(saver, "list", kind, config("t1"))
     for i in range(updates):
-        await call(graph, "update_state", kind, config("t1"), {"out": [f"note {i}"]})
+        edited = paused[0].config if same_base else config("t1")
+        await call(graph, "update_state", kind, edited, {"out": [f"note {i}"]})
     if prune:
         await call(saver, "prune", kind, ["t1"], strategy="keep_latest")
         kept = await collect(saver, "list", kind, config("t1"))
@@ -554,9 +560,11 @@ class Fan(TypedDict, total=False):
     out: Annotated[list[Any], operator.add]
 
 
-def fan_out_graph(kind: str, charge: Any, saver: Any) -> Any:
+def fan_out_graph(kind: str, charge: Any, saver: Any, *, as_calls: bool = False) -> Any:
     """plan -> one Send to ``work`` per item; each charges its amount, and an item with
-    ``ask`` then asks a human."""
+    ``ask`` then asks a human. ``as_calls``: each Send also carries the whole list of
+    items and a tool call for its own (as hand-built tool-calling agents send the state
+    along), which an edit of the items changes in every Send."""
 
     def after(item: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
         def done(receipt: Any) -> dict[str, Any]:
@@ -584,9 +592,19 @@ def fan_out_graph(kind: str, charge: Any, saver: Any) -> Any:
     builder.add_node("plan", lambda state: {})
     builder.add_node("work", work)
     builder.add_edge(START, "plan")
-    builder.add_conditional_edges(
-        "plan", lambda state: [Send("work", {"items": [item]}) for item in state["items"]]
-    )
+
+    def fan_out(state: Fan) -> list[Send]:
+        if not as_calls:
+            return [Send("work", {"items": [item]}) for item in state["items"]]
+        return [
+            Send("work", {"items": [item], "all": state["items"], "call": tool_call(item)})
+            for item in state["items"]
+        ]
+
+    def tool_call(item: dict[str, Any]) -> dict[str, Any]:
+        return {"name": "work", "args": item, "id": f"call-{item['amount']}", "type": "tool_call"}
+
+    builder.add_conditional_edges("plan", fan_out)
     builder.add_edge("work", END)
     return builder.compile(checkpointer=saver)
 
@@ -601,8 +619,13 @@ def fan_out_graph(kind: str, charge: Any, saver: Any) -> Any:
         ([5, 5, "big"], [5, 99, 5]),
         # the same Sends again: all replay
         ([5, "big"], [5, 99]),
+        # equal by value (5.0 is 5), one added: only the new one charges
+        ([5.0, "big", 7], [5, 99, 7]),
+        # Sends carrying every item and a tool call each: the first item dropped changes
+        # every Send but the call ids; the paused one replays its charge
+        (["big", "calls"], [5, 99]),
     ],
-    ids=["new-first", "equal-added", "unchanged"],
+    ids=["new-first", "equal-added", "unchanged", "equal-by-value", "tool-calls"],
 )
 async def test_an_edit_of_the_sends_pairs_each_with_the_same_send_before(
     kind: str, saver: Any, edited: list[Any], charged: list[int]
@@ -612,17 +635,18 @@ async def test_an_edit_of_the_sends_pairs_each_with_the_same_send_before(
     before, one to one, wherever it now is: a Send new there, or a second one equal to
     one that ran, makes its call; the others replay theirs."""
     calls: list[int] = []
-    graph = fan_out_graph(kind, charge_fn(kind, calls), saver)
+    as_calls = "calls" in edited
+    graph = fan_out_graph(kind, charge_fn(kind, calls), saver, as_calls=as_calls)
     big = {"amount": 99, "ask": True}
     await call(graph, "invoke", kind, {"items": [{"amount": 5}, big]}, config("t1"))
     assert sorted(calls) == [5, 99]
-    items = [big if i == "big" else {"amount": i} for i in edited]
+    items = [big if i == "big" else {"amount": i} for i in edited if i != "calls"]
     await call(graph, "update_state", kind, config("t1"), {"items": items}, as_node="plan")
     final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
 
     assert sorted(calls) == sorted(charged)
     receipts = [run for _, run in final["out"]]
-    assert len(set(receipts)) == len(receipts) == len(edited)  # no call's result twice
+    assert len(set(receipts)) == len(receipts) == len(items)  # no call's result twice
 
 
 @parametrize_kinds

@@ -217,35 +217,55 @@ def _sends_to(values: Mapping[str, Any], index: int, node: str) -> bool:
     return nodes is not None and index < len(nodes) and nodes[index] == node
 
 
-# Serializes Send arguments to compare them: LangGraph's own format, deterministic (not
-# the saver's serializer, which may encrypt with a fresh nonce each time).
+# Serializes Send arguments to compare those that do not compare equal by value (NaN,
+# objects without equality): LangGraph's own format, deterministic (not the saver's
+# serializer, which may encrypt with a fresh nonce each time).
 _SEND_SERDE = JsonPlusSerializer(pickle_fallback=False)
 
 
-def _send_identity(send: Any) -> Any:
-    """What makes a pending Send the same one at another checkpoint: its node, and its
-    tool call's id for the prebuilt agent's per-call Sends (whose argument also carries
-    the graph's state, which an update changes), else its argument as serialized (equal
-    values, NaN included, serialize alike). None if it cannot tell (no Send)."""
-    node, arg = getattr(send, "node", None), getattr(send, "arg", None)
-    if not isinstance(node, str):
+def _tool_call_id(arg: Any) -> str | None:
+    """The id of the tool call a Send's argument carries: the prebuilt agent's per-call
+    Sends (``tool_call_with_context``), or a mapping holding one LangChain tool call
+    (``{"name", "args", "id", "type": "tool_call"}``) among its values, as hand-built
+    agents send. Such arguments often carry the graph's state too, which an update
+    changes: the call's id is what stays."""
+    if not isinstance(arg, Mapping):
         return None
-    if isinstance(arg, Mapping) and arg.get("__type") == "tool_call_with_context":
-        call = arg.get("tool_call")
-        call_id = call.get("id") if isinstance(call, Mapping) else None
-        if isinstance(call_id, str):
-            return (node, "tool_call", call_id)
-        arg = call
+    if arg.get("__type") == "tool_call_with_context":
+        found = [arg.get("tool_call")]
+    else:
+        found = [v for v in arg.values() if isinstance(v, Mapping) and v.get("type") == "tool_call"]
+    if len(found) != 1 or not isinstance(found[0], Mapping):
+        return None
+    call_id = found[0].get("id")
+    return call_id if isinstance(call_id, str) else None
+
+
+def _same_send(a: Any, b: Any) -> bool:
+    """Whether two pending Sends are the same one: the same node and the same tool call
+    (see _tool_call_id), else equal arguments (by value, or serialized alike)."""
+    node = getattr(a, "node", None)
+    if not isinstance(node, str) or node != getattr(b, "node", None):
+        return False
+    a_arg, b_arg = getattr(a, "arg", None), getattr(b, "arg", None)
+    a_call, b_call = _tool_call_id(a_arg), _tool_call_id(b_arg)
+    if a_call is not None or b_call is not None:
+        return a_call == b_call
     try:
-        return (node, "arg", _SEND_SERDE.dumps_typed(arg))
-    except Exception:  # not serializable: not recognized
-        return None
+        if bool(a_arg == b_arg):
+            return True
+    except Exception:  # an equality that raises (arrays): compare them serialized
+        pass
+    try:
+        return bool(_SEND_SERDE.dumps_typed(a_arg) == _SEND_SERDE.dumps_typed(b_arg))
+    except Exception:  # not serializable either: not recognized
+        return False
 
 
 def _earlier_send(values: Mapping[str, Any], earlier: Mapping[str, Any], index: int) -> int | None:
     """The index among an earlier checkpoint's pending Sends of the Send a checkpoint has
     at ``index``, or None if it is new there. Sends are paired one to one: those the same
-    (``_send_identity``) at the same index, then each remaining one, in order, with the
+    (``_same_send``) at the same index, then each remaining one, in order, with the
     first unpaired earlier one the same. One left unpaired is taken for the one at its
     index only if both lists send to the same nodes in the same order (an update that
     changed the graph's state, which Sends often carry, but not the fan-out)."""
@@ -257,19 +277,16 @@ def _earlier_send(values: Mapping[str, Any], earlier: Mapping[str, Any], index: 
         return None
     if index >= len(sends):
         return None
-    ours = [_send_identity(send) for send in sends]
-    theirs = [_send_identity(send) for send in before]
     paired: dict[int, int] = {
-        i: i
-        for i in range(min(len(ours), len(theirs)))
-        if ours[i] is not None and ours[i] == theirs[i]
+        i: i for i in range(min(len(sends), len(before))) if _same_send(sends[i], before[i])
     }
     used = set(paired.values())
-    for i, identity in enumerate(ours):
-        if i in paired or identity is None:
+    for i, send in enumerate(sends):
+        if i in paired:
             continue
         match = next(
-            (j for j, other in enumerate(theirs) if j not in used and other == identity), None
+            (j for j, other in enumerate(before) if j not in used and _same_send(send, other)),
+            None,
         )
         if match is not None:
             paired[i] = match
