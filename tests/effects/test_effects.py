@@ -560,11 +560,12 @@ class Fan(TypedDict, total=False):
     out: Annotated[list[Any], operator.add]
 
 
-def fan_out_graph(kind: str, charge: Any, saver: Any, *, as_calls: bool = False) -> Any:
+def fan_out_graph(kind: str, charge: Any, saver: Any, *, as_calls: str = "") -> Any:
     """plan -> one Send to ``work`` per item; each charges its amount, and an item with
-    ``ask`` then asks a human. ``as_calls``: each Send also carries the whole list of
-    items and a tool call for its own (as hand-built tool-calling agents send the state
-    along), which an edit of the items changes in every Send."""
+    ``ask`` then asks a human. ``as_calls``: each Send also carries a tool call. "own":
+    its own, beside the whole list of items (as hand-built tool-calling agents send the
+    state along), which an edit of the items changes in every Send; "shared": one call
+    that all the Sends answer, which tells none of them apart."""
 
     def after(item: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
         def done(receipt: Any) -> dict[str, Any]:
@@ -596,13 +597,15 @@ def fan_out_graph(kind: str, charge: Any, saver: Any, *, as_calls: bool = False)
     def fan_out(state: Fan) -> list[Send]:
         if not as_calls:
             return [Send("work", {"items": [item]}) for item in state["items"]]
+        carried = {"all": state["items"]} if as_calls == "own" else {}
         return [
-            Send("work", {"items": [item], "all": state["items"], "call": tool_call(item)})
+            Send("work", {"items": [item], **carried, "call": tool_call(item)})
             for item in state["items"]
         ]
 
     def tool_call(item: dict[str, Any]) -> dict[str, Any]:
-        return {"name": "work", "args": item, "id": f"call-{item['amount']}", "type": "tool_call"}
+        call_id = "call-all" if as_calls == "shared" else f"call-{item['amount']}"
+        return {"name": "work", "args": item, "id": call_id, "type": "tool_call"}
 
     builder.add_conditional_edges("plan", fan_out)
     builder.add_edge("work", END)
@@ -623,9 +626,12 @@ def fan_out_graph(kind: str, charge: Any, saver: Any, *, as_calls: bool = False)
         ([5.0, "big", 7], [5, 99, 7]),
         # Sends carrying every item and a tool call each: the first item dropped changes
         # every Send but the call ids; the paused one replays its charge
-        (["big", "calls"], [5, 99]),
+        (["big", "own"], [5, 99]),
+        # every Send carrying the one tool call they all answer: a new item first still
+        # charges, and each of the others replays its own receipt
+        ([7, 5, "big", "shared"], [5, 99, 7]),
     ],
-    ids=["new-first", "equal-added", "unchanged", "equal-by-value", "tool-calls"],
+    ids=["new-first", "equal-added", "unchanged", "equal-by-value", "tool-calls", "one-call"],
 )
 async def test_an_edit_of_the_sends_pairs_each_with_the_same_send_before(
     kind: str, saver: Any, edited: list[Any], charged: list[int]
@@ -635,12 +641,12 @@ async def test_an_edit_of_the_sends_pairs_each_with_the_same_send_before(
     before, one to one, wherever it now is: a Send new there, or a second one equal to
     one that ran, makes its call; the others replay theirs."""
     calls: list[int] = []
-    as_calls = "calls" in edited
+    as_calls = next((i for i in edited if i in ("own", "shared")), "")
     graph = fan_out_graph(kind, charge_fn(kind, calls), saver, as_calls=as_calls)
     big = {"amount": 99, "ask": True}
     await call(graph, "invoke", kind, {"items": [{"amount": 5}, big]}, config("t1"))
     assert sorted(calls) == [5, 99]
-    items = [big if i == "big" else {"amount": i} for i in edited if i != "calls"]
+    items = [big if i == "big" else {"amount": i} for i in edited if i not in ("own", "shared")]
     await call(graph, "update_state", kind, config("t1"), {"items": items}, as_node="plan")
     final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
 

@@ -20,6 +20,7 @@ Storage layout (see docs/savers.md):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -241,62 +242,97 @@ def _tool_call_id(arg: Any) -> str | None:
     return call_id if isinstance(call_id, str) else None
 
 
-def _same_send(a: Any, b: Any) -> bool:
-    """Whether two pending Sends are the same one: the same node and the same tool call
-    (see _tool_call_id), else equal arguments (by value, or serialized alike)."""
-    node = getattr(a, "node", None)
-    if not isinstance(node, str) or node != getattr(b, "node", None):
-        return False
-    a_arg, b_arg = getattr(a, "arg", None), getattr(b, "arg", None)
-    a_call, b_call = _tool_call_id(a_arg), _tool_call_id(b_arg)
-    if a_call is not None or b_call is not None:
-        return a_call == b_call
-    try:
-        if bool(a_arg == b_arg):
-            return True
-    except Exception:  # an equality that raises (arrays): compare them serialized
-        pass
-    try:
-        return bool(_SEND_SERDE.dumps_typed(a_arg) == _SEND_SERDE.dumps_typed(b_arg))
-    except Exception:  # not serializable either: not recognized
-        return False
+_UNSERIALIZABLE = object()  # (also: not known yet)
 
 
-def _earlier_send(values: Mapping[str, Any], earlier: Mapping[str, Any], index: int) -> int | None:
-    """The index among an earlier checkpoint's pending Sends of the Send a checkpoint has
-    at ``index``, or None if it is new there. Sends are paired one to one: those the same
-    (``_same_send``) at the same index, then each remaining one, in order, with the
-    first unpaired earlier one the same. One left unpaired is taken for the one at its
-    index only if both lists send to the same nodes in the same order (an update that
-    changed the graph's state, which Sends often carry, but not the fan-out)."""
-    sends: Any = values.get("__pregel_tasks")
-    before: Any = earlier["channel_values"].get("__pregel_tasks")
+class _Sends:
+    """One checkpoint's pending Sends, as _earlier_send compares them: each one's node,
+    its tool call's id when no other Send of the list carries the same (one call fanned
+    out to several Sends identifies none of them), and its argument, serialized once
+    and only if needed."""
+
+    def __init__(self, sends: list[Any]) -> None:
+        self.nodes = [getattr(send, "node", None) for send in sends]
+        self.args = [getattr(send, "arg", None) for send in sends]
+        ids = [_tool_call_id(arg) for arg in self.args]
+        counts: dict[str, int] = {}
+        for call_id in ids:
+            if call_id is not None:
+                counts[call_id] = counts.get(call_id, 0) + 1
+        self.ids = [i if i is not None and counts[i] == 1 else None for i in ids]
+        self._dumped: dict[int, Any] = {}
+
+    def dumped(self, index: int) -> Any:
+        if index not in self._dumped:
+            try:
+                self._dumped[index] = _SEND_SERDE.dumps_typed(self.args[index])
+            except Exception:  # not serializable: equal to nothing
+                self._dumped[index] = _UNSERIALIZABLE
+        return self._dumped[index]
+
+    def same(self, index: int, other: _Sends, other_index: int) -> bool:
+        """Whether Send ``index`` is the other list's ``other_index``: the same node and
+        the same tool call, else equal arguments (by value, or serialized alike)."""
+        node = self.nodes[index]
+        if not isinstance(node, str) or node != other.nodes[other_index]:
+            return False
+        call_id, other_id = self.ids[index], other.ids[other_index]
+        if call_id is not None or other_id is not None:
+            return call_id == other_id
+        try:
+            if bool(self.args[index] == other.args[other_index]):
+                return True
+        except Exception:  # an equality that raises (arrays): compare them serialized
+            pass
+        dumped = self.dumped(index)
+        return dumped is not _UNSERIALIZABLE and dumped == other.dumped(other_index)
+
+
+@dataclass(frozen=True)
+class _Pairing:
+    """How an update's pending Sends pair with those of the checkpoint it was made over
+    (see _pair_sends)."""
+
+    paired: dict[int, int]
+    same_nodes: bool
+    count: int
+
+    def earlier(self, index: int) -> int | None:
+        """The earlier index of the Send at ``index``, or None if it is new there. One
+        left unpaired is taken for the one at its index only if both lists send to the
+        same nodes in the same order (an update that changed the graph's state, which
+        Sends often carry, but not the fan-out)."""
+        if index >= self.count:
+            return None
+        if index in self.paired:
+            return self.paired[index]
+        return index if self.same_nodes and index not in self.paired.values() else None
+
+
+def _pair_sends(values: Mapping[str, Any], earlier: Mapping[str, Any]) -> _Pairing | None:
+    """Pair a checkpoint's pending Sends one to one with an earlier checkpoint's: those
+    the same (``_Sends.same``) at the same index, then each remaining one, in order, with
+    the first unpaired earlier one the same. None if either holds no list of Sends."""
     try:
-        sends, before = list(sends), list(before)
+        ours = _Sends(list(values.get("__pregel_tasks")))  # type: ignore[arg-type]
+        theirs = _Sends(list(earlier["channel_values"].get("__pregel_tasks")))
     except TypeError:  # not lists of Sends
         return None
-    if index >= len(sends):
-        return None
     paired: dict[int, int] = {
-        i: i for i in range(min(len(sends), len(before))) if _same_send(sends[i], before[i])
+        i: i for i in range(min(len(ours.nodes), len(theirs.nodes))) if ours.same(i, theirs, i)
     }
     used = set(paired.values())
-    for i, send in enumerate(sends):
+    for i in range(len(ours.nodes)):
         if i in paired:
             continue
         match = next(
-            (j for j, other in enumerate(before) if j not in used and _same_send(send, other)),
+            (j for j in range(len(theirs.nodes)) if j not in used and ours.same(i, theirs, j)),
             None,
         )
         if match is not None:
             paired[i] = match
             used.add(match)
-    if index in paired:
-        return paired[index]
-    same_shape = [getattr(s, "node", None) for s in sends] == [
-        getattr(s, "node", None) for s in before
-    ]
-    return index if same_shape and index not in used else None
+    return _Pairing(paired, ours.nodes == theirs.nodes, len(ours.nodes))
 
 
 def _all_of(conditions: Sequence[str]) -> str:
@@ -964,7 +1000,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                 # The same Send there, at whatever index (an update may send others, or
                 # the same in another order); none: this task is new.
                 parent = yield from self._get_tuple(found.parent_config)
-                earlier = None if parent is None else _earlier_send(values, parent.checkpoint, push)
+                pairing = None if parent is None else self._pairing(found, parent)
+                earlier = None if pairing is None else pairing.earlier(push)
                 if earlier is None:
                     return found_task
                 push, path = earlier, with_push_index(path, earlier)
@@ -1001,6 +1038,32 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             # That task went on with an earlier one if its checkpoint is an update too.
             found_task = ran.pop()
         return found_task
+
+    # Pairings of Sends across an update (see _pair_sends), by (thread, namespace,
+    # update, checkpoint it was made over): each resumed Send task of the update asks.
+    _pairings: OrderedDict[tuple[str, str, str, str], _Pairing | None] | None = None
+
+    def _pairing(self, update: CheckpointTuple, parent: CheckpointTuple) -> _Pairing | None:
+        conf, parent_conf = update.config["configurable"], parent.config["configurable"]
+        key = (
+            str(conf["thread_id"]),
+            str(conf.get("checkpoint_ns", "")),
+            str(conf["checkpoint_id"]),
+            str(parent_conf["checkpoint_id"]),
+        )
+        pairings = self._pairings
+        if pairings is None:
+            pairings = self._pairings = OrderedDict()
+        known = pairings.get(key, _UNSERIALIZABLE)
+        if known is not _UNSERIALIZABLE:
+            return cast("_Pairing | None", known)
+        # (Two tasks resumed at once may both pair them: the same answer, made twice.)
+        pairing = _pair_sends(update.checkpoint["channel_values"], parent.checkpoint)
+        pairings[key] = pairing
+        while len(pairings) > 64:
+            with contextlib.suppress(KeyError):
+                pairings.popitem(last=False)
+        return pairing
 
     def _crashed_task(
         self,
