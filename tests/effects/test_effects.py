@@ -630,8 +630,18 @@ def fan_out_graph(kind: str, charge: Any, saver: Any, *, as_calls: str = "") -> 
         # every Send carrying the one tool call they all answer: a new item first still
         # charges, and each of the others replays its own receipt
         ([7, 5, "big", "shared"], [5, 99, 7]),
+        # ... and one Send left: the call is its alone now, not before; it replays
+        (["big", "shared"], [5, 99]),
     ],
-    ids=["new-first", "equal-added", "unchanged", "equal-by-value", "tool-calls", "one-call"],
+    ids=[
+        "new-first",
+        "equal-added",
+        "unchanged",
+        "equal-by-value",
+        "tool-calls",
+        "one-call",
+        "one-call-left",
+    ],
 )
 async def test_an_edit_of_the_sends_pairs_each_with_the_same_send_before(
     kind: str, saver: Any, edited: list[Any], charged: list[int]

@@ -272,13 +272,16 @@ class _Sends:
 
     def same(self, index: int, other: _Sends, other_index: int) -> bool:
         """Whether Send ``index`` is the other list's ``other_index``: the same node and
-        the same tool call, else equal arguments (by value, or serialized alike)."""
+        the same tool call (where it identifies the Send on both sides), else equal
+        arguments (by value, or serialized alike)."""
         node = self.nodes[index]
         if not isinstance(node, str) or node != other.nodes[other_index]:
             return False
         call_id, other_id = self.ids[index], other.ids[other_index]
-        if call_id is not None or other_id is not None:
+        if call_id is not None and other_id is not None:
             return call_id == other_id
+        # (A call that identifies its Send on one side only, carried by several Sends on
+        # the other: the arguments tell.)
         try:
             if bool(self.args[index] == other.args[other_index]):
                 return True
