@@ -47,7 +47,6 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from agentcheck._errors import CorruptDataError, KeyMismatchError
 from agentcheck.backends.base import (
@@ -76,6 +75,7 @@ from agentcheck.savers._runs import (
     triggers,
     with_push_index,
 )
+from agentcheck.savers._sends import Pairing, pair_sends
 from agentcheck.savers._terms import metadata_terms
 from agentcheck.serde import (
     MESSAGE_LIST,
@@ -112,6 +112,7 @@ _ROW_COMPRESS_MIN = 2048  # checkpoint rows from this size up are compressed
 _ENCRYPTED_COMPRESS_MIN = 65536
 
 
+_NOT_PAIRED = object()  # SaverCore._pairing: the Sends of an update not paired yet
 _CONTAINERS = (list, dict, set)  # values a read gives each checkpoint a copy of
 INLINE_KEY = "_ac_inline"  # in a stored checkpoint: {channel: small plain value}
 _INLINE_TEXT = 256  # strings up to this long are kept inside the checkpoint row
@@ -216,126 +217,6 @@ def _sends_to(values: Mapping[str, Any], index: int, node: str) -> bool:
     """Whether a checkpoint's pending Sends hold one to ``node`` at ``index``."""
     nodes = push_nodes_of(values.get("__pregel_tasks"))
     return nodes is not None and index < len(nodes) and nodes[index] == node
-
-
-# Serializes Send arguments to compare those that do not compare equal by value (NaN,
-# objects without equality): LangGraph's own format, deterministic (not the saver's
-# serializer, which may encrypt with a fresh nonce each time).
-_SEND_SERDE = JsonPlusSerializer(pickle_fallback=False)
-
-
-def _tool_call_id(arg: Any) -> str | None:
-    """The id of the tool call a Send's argument carries: the prebuilt agent's per-call
-    Sends (``tool_call_with_context``), or a mapping holding one LangChain tool call
-    (``{"name", "args", "id", "type": "tool_call"}``) among its values, as hand-built
-    agents send. Such arguments often carry the graph's state too, which an update
-    changes: the call's id is what stays."""
-    if not isinstance(arg, Mapping):
-        return None
-    if arg.get("__type") == "tool_call_with_context":
-        found = [arg.get("tool_call")]
-    else:
-        found = [v for v in arg.values() if isinstance(v, Mapping) and v.get("type") == "tool_call"]
-    if len(found) != 1 or not isinstance(found[0], Mapping):
-        return None
-    call_id = found[0].get("id")
-    return call_id if isinstance(call_id, str) else None
-
-
-_UNSERIALIZABLE = object()  # (also: not known yet)
-
-
-class _Sends:
-    """One checkpoint's pending Sends, as _earlier_send compares them: each one's node,
-    its tool call's id when no other Send of the list carries the same (one call fanned
-    out to several Sends identifies none of them), and its argument, serialized once
-    and only if needed."""
-
-    def __init__(self, sends: list[Any]) -> None:
-        self.nodes = [getattr(send, "node", None) for send in sends]
-        self.args = [getattr(send, "arg", None) for send in sends]
-        ids = [_tool_call_id(arg) for arg in self.args]
-        counts: dict[str, int] = {}
-        for call_id in ids:
-            if call_id is not None:
-                counts[call_id] = counts.get(call_id, 0) + 1
-        self.ids = [i if i is not None and counts[i] == 1 else None for i in ids]
-        self._dumped: dict[int, Any] = {}
-
-    def dumped(self, index: int) -> Any:
-        if index not in self._dumped:
-            try:
-                self._dumped[index] = _SEND_SERDE.dumps_typed(self.args[index])
-            except Exception:  # not serializable: equal to nothing
-                self._dumped[index] = _UNSERIALIZABLE
-        return self._dumped[index]
-
-    def same(self, index: int, other: _Sends, other_index: int) -> bool:
-        """Whether Send ``index`` is the other list's ``other_index``: the same node and
-        the same tool call (where it identifies the Send on both sides), else equal
-        arguments (by value, or serialized alike)."""
-        node = self.nodes[index]
-        if not isinstance(node, str) or node != other.nodes[other_index]:
-            return False
-        call_id, other_id = self.ids[index], other.ids[other_index]
-        if call_id is not None and other_id is not None:
-            return call_id == other_id
-        # (A call that identifies its Send on one side only, carried by several Sends on
-        # the other: the arguments tell.)
-        try:
-            if bool(self.args[index] == other.args[other_index]):
-                return True
-        except Exception:  # an equality that raises (arrays): compare them serialized
-            pass
-        dumped = self.dumped(index)
-        return dumped is not _UNSERIALIZABLE and dumped == other.dumped(other_index)
-
-
-@dataclass(frozen=True)
-class _Pairing:
-    """How an update's pending Sends pair with those of the checkpoint it was made over
-    (see _pair_sends)."""
-
-    paired: dict[int, int]
-    same_nodes: bool
-    count: int
-
-    def earlier(self, index: int) -> int | None:
-        """The earlier index of the Send at ``index``, or None if it is new there. One
-        left unpaired is taken for the one at its index only if both lists send to the
-        same nodes in the same order (an update that changed the graph's state, which
-        Sends often carry, but not the fan-out)."""
-        if index >= self.count:
-            return None
-        if index in self.paired:
-            return self.paired[index]
-        return index if self.same_nodes and index not in self.paired.values() else None
-
-
-def _pair_sends(values: Mapping[str, Any], earlier: Mapping[str, Any]) -> _Pairing | None:
-    """Pair a checkpoint's pending Sends one to one with an earlier checkpoint's: those
-    the same (``_Sends.same``) at the same index, then each remaining one, in order, with
-    the first unpaired earlier one the same. None if either holds no list of Sends."""
-    try:
-        ours = _Sends(list(values.get("__pregel_tasks")))  # type: ignore[arg-type]
-        theirs = _Sends(list(earlier["channel_values"].get("__pregel_tasks")))
-    except TypeError:  # not lists of Sends
-        return None
-    paired: dict[int, int] = {
-        i: i for i in range(min(len(ours.nodes), len(theirs.nodes))) if ours.same(i, theirs, i)
-    }
-    used = set(paired.values())
-    for i in range(len(ours.nodes)):
-        if i in paired:
-            continue
-        match = next(
-            (j for j in range(len(theirs.nodes)) if j not in used and ours.same(i, theirs, j)),
-            None,
-        )
-        if match is not None:
-            paired[i] = match
-            used.add(match)
-    return _Pairing(paired, ours.nodes == theirs.nodes, len(ours.nodes))
 
 
 def _all_of(conditions: Sequence[str]) -> str:
@@ -1042,11 +923,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             found_task = ran.pop()
         return found_task
 
-    # Pairings of Sends across an update (see _pair_sends), by (thread, namespace,
+    # Pairings of Sends across an update (see pair_sends), by (thread, namespace,
     # update, checkpoint it was made over): each resumed Send task of the update asks.
-    _pairings: OrderedDict[tuple[str, str, str, str], _Pairing | None] | None = None
+    _pairings: OrderedDict[tuple[str, str, str, str], Pairing | None] | None = None
 
-    def _pairing(self, update: CheckpointTuple, parent: CheckpointTuple) -> _Pairing | None:
+    def _pairing(self, update: CheckpointTuple, parent: CheckpointTuple) -> Pairing | None:
         conf, parent_conf = update.config["configurable"], parent.config["configurable"]
         key = (
             str(conf["thread_id"]),
@@ -1057,11 +938,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         pairings = self._pairings
         if pairings is None:
             pairings = self._pairings = OrderedDict()
-        known = pairings.get(key, _UNSERIALIZABLE)
-        if known is not _UNSERIALIZABLE:
-            return cast("_Pairing | None", known)
+        known = pairings.get(key, _NOT_PAIRED)  # (another thread may drop it meanwhile)
+        if known is not _NOT_PAIRED:
+            return cast("Pairing | None", known)
         # (Two tasks resumed at once may both pair them: the same answer, made twice.)
-        pairing = _pair_sends(update.checkpoint["channel_values"], parent.checkpoint)
+        pairing = pair_sends(update.checkpoint["channel_values"], parent.checkpoint)
         pairings[key] = pairing
         while len(pairings) > 64:
             with contextlib.suppress(KeyError):

@@ -94,24 +94,6 @@ class RetentionCore(SaverCore):
             yield from self._collect_garbage(thread_id, ns, ids)
         return None
 
-    def _went_on_among(
-        self, rows: Sequence[tuple[Any, ...]], parent: str, ours: str, thread_id: str, ns: str
-    ) -> bool:
-        """_went_on, on a namespace's rows read already: whether a step was written after
-        ``parent``, or after an edit of it, other than through ``ours``."""
-        todo, seen = [parent], set()
-        while todo:
-            at = todo.pop()
-            for row in rows:
-                if row[1] != at or row[0] == ours or row[0] in seen:
-                    continue
-                seen.add(row[0])
-                meta = self._load_metadata(row[4], row[5], (thread_id, ns, row[0]))
-                if meta.get("source") not in OUTSIDE_EDITS:
-                    return True
-                todo.append(row[0])
-        return False
-
     def _collect_garbage(self, thread_id: str, ns: str, deleted: set[str]) -> Operation[None]:
         """After checkpoints of (thread, namespace) were ``deleted``: the remaining ones
         whose parent that was lose their parent (SQL.CLEAR_PARENT), and the stored values
@@ -194,10 +176,10 @@ class RetentionCore(SaverCore):
                 break
             chain.append(edit[0])
             edit_meta = self._load_metadata(edit[4], edit[5], (thread_id, ns, edit[0]))
-        if not any(
-            self._went_on_among(rows, parent, ours, thread_id, ns)
-            for ours, parent in zip(chain, chain[1:], strict=False)
-        ):
+        for ours, parent in zip(chain, chain[1:], strict=False):
+            if (yield from self._went_on(thread_id, ns, parent, ours)):
+                break  # (as the resume tells a fork: SaverCore._went_on)
+        else:
             keep.update(chain)
         delta_channels = set(meta.get("counters_since_delta_snapshot") or {})
         if delta_channels:
