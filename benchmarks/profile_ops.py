@@ -136,7 +136,12 @@ def record_graph_calls(saver: Any) -> list[tuple[str, tuple[Any, ...]]]:
             calls.append((name, copy.deepcopy(args)))
             return originals[name](*args)
 
-        return record
+        # LangGraph passes put_writes a task path only if the method names the parameter:
+        # without it, the replay would write the journal's node events without node names.
+        def record_writes(config: Any, writes: Any, task_id: str, task_path: str = "") -> Any:
+            return record(config, writes, task_id, task_path)
+
+        return record_writes if name == "put_writes" else record
 
     for name in originals:
         setattr(saver, name, recorder(name))

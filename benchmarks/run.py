@@ -200,20 +200,36 @@ def floor_text(floor: dict[str, dict[str, Summary]]) -> str:
 def with_floor_notes(rows: Sequence[Row], floor: dict[str, dict[str, Summary]]) -> list[Row]:
     """The write rows (those naming a floor size in ``extra["floor"]``), with a note of
     what their target leaves next to that floor, measured in the same run: an insert of
-    that size and its commit, which any durable write pays."""
+    that size and its commit, which any durable write pays (``extra["durable_commits"]``
+    times for a row with an absolute target: the commits a wrapped call waits for)."""
     noted = []
     for row in rows:
         size = row.extra.get("floor")
         least = floor.get(row.db, {}).get(size) if size else None
         target = row.target
-        if least is None or row.official is None or target is None or target.on != "ratio":
+        commits = int(row.extra.get("durable_commits", 1))
+        if least is None or target is None:
             noted.append(row)
             continue
-        budget = target.limit * row.official.median
-        note = (
-            f"the target leaves {budget:.3f} ms per call; one {size} insert and its commit "
-            f"take {least.median:.3f} ms here, {least.median / budget:.0%} of it"
-        )
+        if target.on == "ratio" and row.official is not None:
+            budget = target.limit * row.official.median
+            note = (
+                f"the target leaves {budget:.3f} ms per call; one {size} insert and its commit "
+                f"take {least.median:.3f} ms here, {least.median / budget:.0%} of it"
+            )
+        elif target.on == "agentcheck" and commits > 0:
+            # An absolute target: the disk's speed decides much of it (the commits a call
+            # waits for), so the floor says how much of the target the host leaves.
+            each = "its commit" if commits == 1 else f"their {commits} commits"
+            least_ms = commits * least.median
+            note = (
+                f"the call waits for {commits} durable commit{'s' * (commits > 1)}: "
+                f"{commits} {size} insert{'s' * (commits > 1)} and {each} take "
+                f"{least_ms:.3f} ms here, {least_ms / target.limit:.0%} of the target"
+            )
+        else:
+            noted.append(row)
+            continue
         noted.append(dataclasses.replace(row, note="; ".join(filter(None, [row.note, note]))))
     return noted
 
