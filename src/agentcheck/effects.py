@@ -683,6 +683,25 @@ class ProtocolRun:
         self, gen: Generator[Action, Any, tuple[Any, str]], ctx: CallContext, spec: EffectSpec
     ) -> None:
         self.gen, self.ctx, self.spec = gen, ctx, spec
+        self._started = False
+
+    def _refuse_on_saver_loop(self) -> None:
+        """Refuse, before anything is claimed or called, a sync call made on the event
+        loop of the async saver that journals it: its journal writes would wait for
+        that loop, which the call itself is blocking."""
+        refuses = getattr(self.ctx.journal.saver, "refuses_sync_calls", None)
+        if refuses is None or not refuses():
+            return
+        self.gen.close()
+        raise asyncio.InvalidStateError(
+            f"the wrapped call {self.spec.name!r} ({self.spec.kind}) was made synchronously "
+            "on the event loop of the async saver that journals it (a sync function, or a "
+            "model's invoke, called in an `async def` node), and its journal writes would "
+            "have to wait for that loop, which the call blocks. Await its async form (wrap "
+            "an `async def` function the same way; a model's ainvoke), run it in a thread "
+            "(`await asyncio.to_thread(...)`), make the node a plain `def` (LangGraph runs "
+            "those in a worker thread), or compile the graph with a sync saver"
+        )
 
     def _next(self, value: Any, error: BaseException | None) -> Action | Done:
         try:
@@ -692,6 +711,9 @@ class ProtocolRun:
 
     def to_call(self, value: Any = None, error: BaseException | None = None) -> _Call | Done:
         """Advance synchronously to the call, or to the end."""
+        if not self._started:
+            self._refuse_on_saver_loop()
+            self._started = True
         while True:
             action = self._next(value, error)
             if isinstance(action, (_Call, Done)):

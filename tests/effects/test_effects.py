@@ -100,6 +100,14 @@ class Log(TypedDict):
     out: Annotated[list[Any], operator.add]
 
 
+class Branches(TypedDict):
+    """A run's thread id, and the item a Send gives each branch."""
+
+    out: Annotated[list[Any], operator.add]
+    thread: str
+    n: int
+
+
 def charge_fn(
     kind: str,
     calls: list[Any],
@@ -1914,6 +1922,90 @@ async def test_no_call_waits_for_a_checkpoint_nothing_will_store(
     assert final["out"] == [1]
     assert calls == [5]
     assert not [r for r in caplog.records if "was not stored" in r.getMessage()]
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_a_sync_saver_under_ainvoke_stores_while_sync_nodes_wait(
+    kind: str, saver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under ainvoke LangGraph runs sync nodes in the event loop's default thread pool,
+    and a wrapped call in one waits there for its task's checkpoint. A sync saver's
+    aput ran in that same pool: with every thread of it taken by a waiting call, the put
+    queued behind them until their waits ran out (2 s each), and then every call went on
+    with nothing stored. Its async methods now run in agentcheck's own threads."""
+    caplog.set_level(logging.WARNING, logger="agentcheck")
+    calls: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    @side_effect
+    def charge(thread: str, n: int) -> str:
+        with lock:
+            calls.append((thread, n))
+        return f"{thread}:{n}"
+
+    def prepare(state: Branches) -> dict[str, Any]:
+        return {"out": [charge(state["thread"], -1)]}
+
+    def work(state: Branches) -> dict[str, Any]:
+        return {"out": [charge(state["thread"], state["n"])]}
+
+    builder = StateGraph(Branches)
+    builder.add_node("prepare", prepare)
+    builder.add_node("work", work)
+    builder.add_edge(START, "prepare")
+
+    def fan_out(state: Branches) -> list[Send]:
+        return [Send("work", {"out": [], "thread": state["thread"], "n": i}) for i in range(4)]
+
+    builder.add_conditional_edges("prepare", fan_out, ["work"])
+    builder.add_edge("work", END)
+    graph = builder.compile(checkpointer=saver)
+    # A pool of 4 threads (as on a 1-core machine; 6 on 2 cores): 6 runs' nodes fill it.
+    pool = ThreadPoolExecutor(4)
+    asyncio.get_running_loop().set_default_executor(pool)
+    try:
+        threads = [f"t{i}" for i in range(6)]
+        finals = await asyncio.gather(
+            *(
+                graph.ainvoke({"out": [], "thread": t, "n": 0}, config(t), durability="async")
+                for t in threads
+            )
+        )
+    finally:
+        pool.shutdown(wait=False)
+    for thread, final in zip(threads, finals, strict=True):
+        assert sorted(final["out"]) == sorted(f"{thread}:{n}" for n in range(-1, 4))
+    assert sorted(calls) == sorted((t, n) for t in threads for n in range(-1, 4))
+    assert not [r for r in caplog.records if "was not stored" in r.getMessage()]
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+@pytest.mark.parametrize("wrapped", ["side effect", "model"])
+async def test_a_sync_call_on_the_async_savers_own_loop_is_refused_naming_it(
+    kind: str, saver: Any, wrapped: str
+) -> None:
+    """A sync wrapped call made in an `async def` node runs on the event loop of the
+    async saver that journals it, which its journal writes would have to wait for: it
+    is refused before anything is claimed or called, with an error that names the call
+    and says what to do (it used to fail with the saver's generic refusal)."""
+    calls: list[int] = []
+    charge = side_effect(name="charge")(lambda amount: calls.append(amount) or amount)
+    model = durable_model(ScriptedChatModel(responses=[AIMessage("hi")]))
+
+    async def node(state: Log) -> dict[str, Any]:
+        if wrapped == "side effect":
+            return {"out": [charge(5)]}
+        return {"out": [model.invoke([HumanMessage("hello")]).content]}
+
+    graph = one_node_graph(node, saver)
+    with pytest.raises(asyncio.InvalidStateError) as caught:
+        await graph.ainvoke({"out": []}, config("t1"))
+    message = str(caught.value)
+    name = "charge" if wrapped == "side effect" else model._spec().name
+    assert f"wrapped call {name!r}" in message
+    assert "`async def` node" in message and "asyncio.to_thread" in message
+    assert calls == []
+    assert await saver.journal.asteps() == []
 
 
 @parametrize_kinds

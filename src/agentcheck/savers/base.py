@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -33,6 +36,7 @@ from agentcheck.savers._retention import RetentionCore
 __all__ = ["AsyncSaver", "SyncSaver"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 _STRIPES = 64
 
 
@@ -50,6 +54,34 @@ def _raise_if_read_only(exc: Exception) -> None:
 
 def _stripe(thread_id: Any) -> int:
     return hash(str(thread_id)) % _STRIPES
+
+
+_workers: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that made it, the pool)
+_workers_lock = threading.Lock()
+
+
+def _worker_pool() -> ThreadPoolExecutor:
+    """The threads the sync savers' async methods run their calls in (made once per
+    process: a forked child has none of its parent's threads)."""
+    global _workers
+    with _workers_lock:
+        if _workers is None or _workers[0] != os.getpid():
+            _workers = (os.getpid(), ThreadPoolExecutor(32, "agentcheck-saver"))
+        return _workers[1]
+
+
+async def _in_worker(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` in a thread of agentcheck's own pool, with the caller's
+    context variables (as ``asyncio.to_thread``, which uses the loop's default pool).
+
+    Not the default pool: LangGraph runs a graph's sync nodes there, and a wrapped call
+    in one waits for its task's checkpoint to be stored (docs/effects.md,
+    "Durability"). With as many such nodes as the pool has threads, a put queued
+    behind them could not run until their waits ran out: every call waited 2 s, and
+    went on unprotected."""
+    context = contextvars.copy_context()
+    call = partial(context.run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_worker_pool(), call)
 
 
 class _FifoLock:
@@ -124,6 +156,10 @@ class SyncSaver(RetentionCore):
                 raise
         self._is_setup = True
 
+    def refuses_sync_calls(self) -> bool:
+        """Never: a sync saver takes sync calls from any thread (see AsyncSaver)."""
+        return False
+
     def run_op(
         self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
     ) -> T:
@@ -136,7 +172,7 @@ class SyncSaver(RetentionCore):
         self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
     ) -> T:
         """The same from async code: the sync call in a worker thread."""
-        return await asyncio.to_thread(partial(self._call, make_op, write, durable=durable))
+        return await _in_worker(partial(self._call, make_op, write, durable=durable))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (the latest of the thread when no id is given)."""
@@ -214,7 +250,7 @@ class SyncSaver(RetentionCore):
     # Async methods: the sync call, in a worker thread, so an event loop is not blocked.
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
+        return await _in_worker(self.get_tuple, config)
 
     async def alist(
         self,
@@ -227,7 +263,7 @@ class SyncSaver(RetentionCore):
         """The same from async code: each page read in a worker thread."""
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
-            for item in pages.take(await asyncio.to_thread(self._call, read, False)):
+            for item in pages.take(await _in_worker(self._call, read, False)):
                 yield item
 
     async def aput(
@@ -237,7 +273,7 @@ class SyncSaver(RetentionCore):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+        return await _in_worker(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self,
@@ -246,24 +282,24 @@ class SyncSaver(RetentionCore):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+        await _in_worker(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+        await _in_worker(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
+        await _in_worker(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+        await _in_worker(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await asyncio.to_thread(lambda: self.prune(thread_ids, strategy=strategy))
+        await _in_worker(lambda: self.prune(thread_ids, strategy=strategy))
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
-        return await asyncio.to_thread(
+        return await _in_worker(
             lambda: self.get_delta_channel_history(config=config, channels=channels)
         )
 
@@ -314,13 +350,20 @@ class AsyncSaver(RetentionCore):
             await self.setup()
         return await self._arun(make_op, write, durable=durable)
 
-    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine on the saver's loop from another thread."""
+    def refuses_sync_calls(self) -> bool:
+        """Whether a synchronous call made here and now would be refused: it would be
+        made on the saver's own event loop, which it would then wait for while blocking
+        it, or before the saver has run on any loop."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if self.loop is None or (running is not None and running is self.loop):
+        return self.loop is None or (running is not None and running is self.loop)
+
+    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the saver's loop from another thread."""
+        loop = self.loop
+        if loop is None or self.refuses_sync_calls():
             coro.close()
             raise asyncio.InvalidStateError(
                 "synchronous calls to an async agentcheck saver are only allowed from "
@@ -328,7 +371,7 @@ class AsyncSaver(RetentionCore):
                 "worker thread); from async code use the a* methods (graph.ainvoke), or "
                 "use the sync saver"
             )
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     async def setup(self) -> None:
         """Create or upgrade the tables. Idempotent, safe to call from several processes
