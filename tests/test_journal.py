@@ -24,10 +24,11 @@ from langgraph.types import Command, Send, interrupt
 from typing_extensions import TypedDict
 
 import agentcheck
+from agentcheck import CorruptDataError, effect_scope, side_effect
 from agentcheck.journal import Claim, Event, EventSpec, Journal, Step
 from agentcheck.savers.base import _FifoLock
 
-from savers_support import KINDS, call, is_async, is_postgres, open_saver
+from savers_support import KINDS, call, is_async, is_postgres, open_saver, raw_sql
 
 parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
 
@@ -2483,3 +2484,93 @@ async def test_connect_reads_the_same_data_as_the_saver(
                 journal.get_step("s1", "k1"),
             )
         assert seen == expected, target
+
+
+# --------------------------------------------------------------------------- damaged rows
+
+
+@parametrize_kinds
+async def test_a_damaged_run_fails_where_it_is_read_not_every_listing(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """A run's metadata was decoded as its row was read: one damaged row made runs()
+    fail for every run (a recovery worker listing running runs saw none of them). It
+    is now decoded when read, with an error naming the run; so is an event's payload."""
+    journal = saver.journal
+    for run_id in ("run-a", "run-b", "run-c"):
+        await call(journal, "start_run", kind, run_id, framework="custom", metadata={"n": run_id})
+        await call(journal, "append", kind, EventSpec(run_id, "tool", "end", payload=[run_id]))
+    for table, column in (("agentcheck_runs", "metadata"), ("agentcheck_events", "payload")):
+        damage = f"UPDATE {table} SET {column} = ? WHERE run_id = 'run-b'"  # noqa: S608
+        raw_sql(kind, **db, sql=damage, params=(b"\xc1 not msgpack",))
+
+    runs = await call(journal, "runs", kind, status="running")
+    assert sorted(r.run_id for r in runs) == ["run-a", "run-b", "run-c"]
+    by_id = {r.run_id: r for r in runs}
+    assert by_id["run-a"].metadata == {"n": "run-a"}
+    with pytest.raises(CorruptDataError, match="cannot read the metadata of run 'run-b'"):
+        by_id["run-b"].metadata  # noqa: B018
+    events = {run_id: await call(journal, "events", kind, run_id) for run_id in by_id}
+    (tool_event,) = [e for e in events["run-b"] if e.kind == "tool"]
+    with pytest.raises(CorruptDataError, match=r"the payload of event \d+ of run 'run-b'"):
+        tool_event.payload  # noqa: B018
+    assert [e.payload for e in events["run-c"] if e.kind == "tool"] == [["run-c"]]
+
+
+_DAMAGES = {
+    "no-type": ("result_type = NULL", "stored without its type"),
+    "repr-not-text": ("result_type = 'repr', result = ?", "can't decode"),
+    # (SQLite only: PostgreSQL's INTEGER column refuses the damage itself.)
+    "interrupts": ("interrupts = 'x'", "'x' is not a count"),
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "damage", "why"),
+    [
+        pytest.param(kind, *_DAMAGES[name], id=f"{name}-{kind}")
+        for name in _DAMAGES
+        for kind in KINDS
+        if not (name == "interrupts" and is_postgres(kind))
+    ],
+)
+async def test_a_damaged_completed_call_is_a_clear_error_and_never_runs_again(
+    kind: str, saver: Any, db: dict[str, str], damage: str, why: str
+) -> None:
+    """A completed call whose row is damaged: its result with no type came back as None
+    (a silent wrong answer), a repr that is not text and a count that is not one raised
+    bare TypeError / UnicodeDecodeError / ValueError naming nothing. Each is now a
+    CorruptDataError naming the step and its scope; the call is never made again."""
+    calls: list[int] = []
+
+    def body(amount: int) -> int:
+        calls.append(amount)
+        return amount * 10
+
+    if is_async(kind):
+
+        @side_effect(name="charge")
+        async def charge(amount: int) -> int:
+            return body(amount)
+
+    else:
+
+        @side_effect(name="charge")  # type: ignore[no-redef]
+        def charge(amount: int) -> int:
+            return body(amount)
+
+    async def charge_in(scope: str) -> Any:
+        with effect_scope(saver.journal, scope):
+            result = charge(5)
+            return await result if is_async(kind) else result
+
+    assert await charge_in("damaged") == 50
+    assert await charge_in("healthy") == 50
+    params = (b"\xff\xfe",) if "?" in damage else ()
+    update = f"UPDATE agentcheck_steps SET {damage} WHERE scope = 'damaged'"  # noqa: S608
+    raw_sql(kind, **db, sql=update, params=params)
+
+    with pytest.raises(CorruptDataError, match=rf"of step '.*' in scope 'damaged': .*{why}"):
+        await charge_in("damaged")
+    assert await charge_in("healthy") == 50
+    assert calls == [5, 5]  # once in each scope, never again

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
-from agentcheck._errors import UnsafeTypeError
+from agentcheck._errors import CorruptDataError, UnsafeTypeError
 from agentcheck.backends.base import Later, OnCommit, Operation, Query, Rows, in_list
 from agentcheck.serde import SafeSerializer
 
@@ -144,8 +144,15 @@ class Run:
     created_at: str
     updated_at: str
     ended_at: str | None
-    metadata: Any
     error: str | None
+    # Decoded when first read: one damaged row then fails only where it is read, not
+    # every listing of runs it is in.
+    _metadata: Callable[[], Any] = field(repr=False, compare=False)
+
+    @cached_property
+    def metadata(self) -> Any:
+        """The run's metadata, as given to start_run."""
+        return self._metadata()
 
 
 @dataclass(frozen=True)
@@ -163,8 +170,14 @@ class Event:
     input_tokens: int | None
     output_tokens: int | None
     cost: float | None
-    payload: Any
     error: str | None
+    # Decoded when first read (see Run).
+    _payload: Callable[[], Any] = field(repr=False, compare=False)
+
+    @cached_property
+    def payload(self) -> Any:
+        """The event's payload (a call's result, a run's outcome...), or None."""
+        return self._payload()
 
 
 @dataclass(frozen=True)
@@ -263,15 +276,33 @@ class JournalOps:
             return self.core.codec.encode(_REPR, _repr(value).encode(errors="replace"))
 
     def load(self, type_: str | None, data: Any, what: str) -> Any:
+        """A stored payload (a step's arguments or result, a run's metadata, an event's
+        payload), decoded; :class:`CorruptDataError` naming ``what`` if it cannot be."""
         if type_ is None:
-            return None
-        if type_.split("+", 1)[0] == _REPR:
-            return self.core.codec.decode(type_, data)[1].decode()
-        return self.core._load(type_, data, what, ("journal", "", ""))
+            if data is None:
+                return None
+            raise CorruptDataError(f"cannot read {what}: it is stored without its type")
+        try:
+            # The codec's marks (compressed, encrypted) follow the serializer's tag.
+            decoded = self.core.codec.decode(type_, data)
+            if decoded[0] == _REPR:
+                return decoded[1].decode()
+            return self.core._loads(decoded)
+        except Exception as exc:
+            raise CorruptDataError(f"cannot read {what}: {exc}") from exc
+
+    @staticmethod
+    def _count(value: Any, what: str) -> int:
+        """An integer column (attempts, interrupts), or CorruptDataError naming it."""
+        try:
+            return int(value or 0)
+        except (TypeError, ValueError):
+            raise CorruptDataError(f"cannot read {what}: {value!r} is not a count") from None
 
     def _step(self, row: Sequence[Any]) -> Step:
         (scope, key, run_id, kind, name, effect, status, idem, attempts, owner, started,
          finished, args_type, args, result_type, result, error, interrupts) = row  # fmt: skip
+        where = f"step {key!r} in scope {scope!r}"
         return Step(
             scope=scope,
             step_key=key,
@@ -281,14 +312,14 @@ class JournalOps:
             effect=effect,
             status=status,
             idempotency_key=idem,
-            attempts=int(attempts),
+            attempts=self._count(attempts, f"the attempts of {where}"),
             owner=owner,
             started_at=started,
             finished_at=finished,
             error=error,
-            interrupts=int(interrupts or 0),
-            _args=lambda: self.load(args_type, args, f"the arguments of step {key!r}"),
-            _result=lambda: self.load(result_type, result, f"the result of step {key!r}"),
+            interrupts=self._count(interrupts, f"the interrupts of {where}"),
+            _args=lambda: self.load(args_type, args, f"the arguments of {where}"),
+            _result=lambda: self.load(result_type, result, f"the result of {where}"),
         )
 
     def _run(self, row: Sequence[Any]) -> Run:
@@ -300,21 +331,21 @@ class JournalOps:
             name=name,
             thread_id=thread_id,
             status=status,
-            attempt=int(attempt),
+            attempt=self._count(attempt, f"the attempt of run {run_id!r}"),
             owner=owner,
             lease_until=lease,
             created_at=created,
             updated_at=updated,
             ended_at=ended,
-            metadata=self.load(meta_type, meta, f"the metadata of run {run_id!r}"),
             error=error,
+            _metadata=lambda: self.load(meta_type, meta, f"the metadata of run {run_id!r}"),
         )
 
     def _event(self, row: Sequence[Any]) -> Event:
         (seq, run_id, ts, kind, phase, name, key, parent, tin, tout, cost, ptype, payload,
          error) = row  # fmt: skip
         return Event(
-            seq=int(seq),
+            seq=self._count(seq, f"the seq of an event of run {run_id!r}"),
             run_id=run_id,
             ts=ts,
             kind=kind,
@@ -325,8 +356,10 @@ class JournalOps:
             input_tokens=tin,
             output_tokens=tout,
             cost=cost,
-            payload=self.load(ptype, payload, f"the payload of event {seq}"),
             error=error,
+            _payload=lambda: self.load(
+                ptype, payload, f"the payload of event {seq} of run {run_id!r}"
+            ),
         )
 
     # -- writes -----------------------------------------------------------------------

@@ -52,6 +52,7 @@ from agentcheck import (
     UnknownOutcome,
     current_idempotency_key,
     effect_scope,
+    generate_key,
     idempotent,
     side_effect,
 )
@@ -70,7 +71,16 @@ from agentcheck.journal import Event, Step
 from agentcheck.savers import SqliteSaver
 from fake_models import ScriptedChatModel, tool_call_message
 
-from savers_support import ASYNC_KINDS, KINDS, SYNC_KINDS, call, collect, is_async, is_postgres
+from savers_support import (
+    ASYNC_KINDS,
+    KINDS,
+    SYNC_KINDS,
+    call,
+    collect,
+    is_async,
+    is_postgres,
+    open_saver,
+)
 
 parametrize_kinds = pytest.mark.parametrize("kind", KINDS)
 no_deprecation_noise = pytest.mark.filterwarnings(
@@ -372,18 +382,39 @@ class NoRepr(Unlisted):
         raise RuntimeError("no repr")
 
 
+class Bulky(Unlisted):
+    """One whose repr compresses (a small one is stored as is, being no smaller)."""
+
+    def __repr__(self) -> str:
+        return "Bulky(" + "x" * 500 + ")"
+
+
 @parametrize_kinds
+@pytest.mark.parametrize("stored", ["as is", "compressed", "encrypted"])
 async def test_replayed_results_are_what_the_calls_returned_or_their_repr(
-    kind: str, saver: Any
+    kind: str, db: dict[str, str], stored: str
 ) -> None:
     """Tuples come back as tuples (a content_and_artifact tool must return a 2-tuple: its
     replay failed as a list); a value that cannot be stored safely comes back as its repr,
-    and one whose repr raises is still recorded (the call has had its effect)."""
+    and one whose repr raises is still recorded (the call has had its effect). Also when
+    the rows are compressed or encrypted: a repr stored so was unreadable ("unknown
+    serialization type tag 'repr'"), and the run could never go on."""
+    options: dict[str, Any] = {
+        "as is": {},
+        "compressed": {"compress_threshold": 1},
+        "encrypted": {"encryption_key": generate_key()},
+    }[stored]
+    async with open_saver(kind, **db, **options) as saver:
+        await _replay_results(kind, saver)
+
+
+async def _replay_results(kind: str, saver: Any) -> None:
     results = {
         "pair": ("found x", {"hits": [1, 2]}),
         "nested": {"k": (1, (2, "3")), "l": [(4,)]},
         "unlisted": Unlisted(),
         "no_repr": NoRepr(),
+        "bulky": Bulky(),
     }
     runs: list[str] = []
 
@@ -421,6 +452,7 @@ async def test_replayed_results_are_what_the_calls_returned_or_their_repr(
     assert type(got["nested"]["k"][1]) is tuple and type(got["nested"]["l"][0]) is tuple
     assert got["unlisted"] == "Unlisted()"
     assert got["no_repr"] == "<NoRepr: repr() raised RuntimeError>"
+    assert got["bulky"] == repr(Bulky())
     steps = await call(saver.journal, "steps", kind, scope="t1")
     assert {s.status for s in steps} == {"completed"}
 

@@ -431,12 +431,16 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             decoded = self.codec.decode(type_, data) if row else (type_, bytes(data))
             if lazy and decoded[0] == MESSAGE_LIST:
                 return _Rows(message_rows(decoded[1], self._rows_hook()))
-            if decoded[0] == MESSAGE_LIST and not isinstance(self.serde, SafeSerializer):
-                # Written by the default serializer, read by another one given since.
-                return loads_message_list(decoded[1], self._ext_hook_of_serde())
-            return self.serde.loads_typed(decoded)
+            return self._loads(decoded)
         except Exception as exc:
             raise _unreadable(what, cfg, exc) from exc
+
+    def _loads(self, decoded: tuple[str, bytes]) -> Any:
+        """A value from its serializer's tag and bytes (the codec's steps undone)."""
+        if decoded[0] == MESSAGE_LIST and not isinstance(self.serde, SafeSerializer):
+            # Written by the default serializer, read by another one given since.
+            return loads_message_list(decoded[1], self._ext_hook_of_serde())
+        return self.serde.loads_typed(decoded)
 
     def _load_checkpoint(self, type_: str, data: Any, key: tuple[str, str, str]) -> Any:
         """A stored checkpoint (without its values), checked to have a checkpoint's shape:
