@@ -19,6 +19,7 @@ import base64
 import dataclasses
 import hashlib
 import hmac
+import json
 import os
 import re
 import sys
@@ -128,7 +129,11 @@ class SafeSerializer(JsonPlusSerializer):
             )
         if type_ == MESSAGE_LIST:
             return loads_message_list(data[1], self._ext_hook())
-        if type_ not in ("null", "bytes", "bytearray", "json"):
+        if type_ == "json":
+            # Plain JSON: LangGraph's reader revives LangChain's {"lc": ...} envelopes
+            # in it (building objects, reading secrets), which stored data must not do.
+            return json.loads(data[1])
+        if type_ not in ("null", "bytes", "bytearray"):
             # "pickle" lands here too: stored pickles are never executed.
             raise CorruptDataError(f"unknown serialization type tag {type_!r}")
         return super().loads_typed(data)

@@ -403,6 +403,76 @@ async def test_prune_and_delete_for_runs_report_a_damaged_row_as_corrupt(
         assert left == [(3,)]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_metadata_stored_as_json_comes_back_as_written_nothing_revived(
+    kind: str, sqlite_path: str, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metadata holding text that is not valid Unicode is stored as JSON, and was read
+    back through LangChain's reviver: a mapping shaped like a serialized LangChain
+    object was built into one (a HumanMessage), a "secret" one read as None, and a
+    "not_implemented" one made the checkpoint unreadable. Input a user controls can
+    reach metadata; it now comes back as the plain JSON it was."""
+    monkeypatch.setenv("AGENTCHECK_TEST_SECRET", "do not read me")
+    envelopes = {
+        "message": {
+            "lc": 1, "type": "constructor", "kwargs": {"content": "hi"},
+            "id": ["langchain", "schema", "messages", "HumanMessage"],
+        },
+        "secret": {"lc": 1, "type": "secret", "id": ["AGENTCHECK_TEST_SECRET"]},
+        "odd": {"lc": 1, "type": "not_implemented", "id": ["x"], "repr": "r"},
+    }  # fmt: skip
+    metadata = {"name": "caf\udce9", **envelopes}  # a lone surrogate: stored as JSON
+    thread = f"t-{uuid.uuid4()}"
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        cp = checkpoint_with({"x": ["a"]}, {"x": 1})
+        await call(kind, saver, "put", generate_config(thread), cp, metadata, {"x": 1})
+        stored = raw_sql(
+            kind, sqlite_path, pg_url,
+            "SELECT metadata_type FROM agentcheck_checkpoints WHERE thread_id = ?", (thread,),
+        )  # fmt: skip
+        assert stored == [("json",)]
+        got = await call(kind, saver, "get_tuple", generate_config(thread))
+        assert {k: got.metadata[k] for k in metadata} == metadata
+        listed = await list_all(kind, saver, None, filter={"secret": envelopes["secret"]})
+        assert [t.checkpoint["id"] for t in listed] == [cp["id"]]
+        assert listed[0].metadata["message"] == envelopes["message"]
+
+
+@pytest.mark.timeout(120, method="thread")  # a regression hangs: end the run, not wait
+@pytest.mark.parametrize("loop", ["own parent", "two checkpoints"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_parent_chain_that_loops_is_reported_not_walked_forever(
+    kind: str, loop: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A checkpoint put again with its own config is its own parent; a damaged parent
+    id can make two checkpoints each other's. get_delta_channel_history's recursive
+    query then never ended (on PostgreSQL it ran on in the server after the client
+    died) and prune(keep_latest) looped forever for a graph with DeltaChannels. The
+    history now reports the loop as corrupt, naming the thread; prune keeps what it
+    walked."""
+    thread = f"t-{uuid.uuid4()}"
+    meta = {"counters_since_delta_snapshot": {"d": 1}}  # as LangGraph's DeltaChannel writes
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        first = checkpoint_with({"x": ["a"]}, {"x": 1})
+        cfg = await call(kind, saver, "put", generate_config(thread), first, meta, {"x": 1})
+        second = checkpoint_with({"x": ["b"]}, {"x": 2})
+        cfg = await call(kind, saver, "put", child_config(cfg), second, meta, {"x": 2})
+        if loop == "own parent":
+            await call(kind, saver, "put", cfg, second, meta, {})
+        else:
+            raw_sql(
+                kind, sqlite_path, pg_url,
+                "UPDATE agentcheck_checkpoints SET parent_checkpoint_id = ? "
+                "WHERE checkpoint_id = ?", (second["id"], first["id"]),
+            )  # fmt: skip
+        with pytest.raises(CorruptDataError, match=rf"{thread}.*comes back to checkpoint"):
+            await call(kind, saver, "get_delta_channel_history", config=cfg, channels=["d"])
+        await call(kind, saver, "prune", [thread])
+        latest = await call(kind, saver, "get_tuple", generate_config(thread))
+        assert latest.checkpoint["id"] == second["id"]
+        assert latest.checkpoint["channel_values"] == {"x": ["b"]}
+
+
 @pytest.mark.parametrize(
     ("operation", "args"),
     [

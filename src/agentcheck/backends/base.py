@@ -531,18 +531,20 @@ class SQL:
         "SELECT checkpoint_id, metadata_type, metadata FROM agentcheck_checkpoints "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND parent_checkpoint_id = ?"
     )
-    # The ancestors of a checkpoint, nearest first, in one recursive query.
+    # The ancestors of a checkpoint, in one recursive query (the caller orders them by
+    # their parent links). UNION, not UNION ALL: a row met again is dropped, so a
+    # damaged chain that loops ends the query instead of running it forever.
     SELECT_CHAIN = (
-        "WITH RECURSIVE chain(checkpoint_id, parent_checkpoint_id, depth) AS ("
-        "SELECT checkpoint_id, parent_checkpoint_id, 0 FROM agentcheck_checkpoints "
+        "WITH RECURSIVE chain(checkpoint_id, parent_checkpoint_id) AS ("
+        "SELECT checkpoint_id, parent_checkpoint_id FROM agentcheck_checkpoints "
         "WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? "
-        "UNION ALL SELECT c.checkpoint_id, c.parent_checkpoint_id, chain.depth + 1 "
+        "UNION SELECT c.checkpoint_id, c.parent_checkpoint_id "
         "FROM agentcheck_checkpoints c JOIN chain "
         "ON c.checkpoint_id = chain.parent_checkpoint_id "
         "WHERE c.thread_id = ? AND c.checkpoint_ns = ?) "
         "SELECT chain.checkpoint_id, chain.parent_checkpoint_id, c.type, c.checkpoint "
         "FROM chain JOIN agentcheck_checkpoints c ON c.thread_id = ? AND c.checkpoint_ns = ? "
-        "AND c.checkpoint_id = chain.checkpoint_id ORDER BY chain.depth"
+        "AND c.checkpoint_id = chain.checkpoint_id"
     )
 
     DELETE_THREAD: tuple[str, ...] = (

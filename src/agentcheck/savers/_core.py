@@ -238,6 +238,27 @@ def _unreadable(what: str, where: tuple[str, str, str], why: object) -> CorruptD
     )
 
 
+def _parent_chain(
+    rows: Sequence[Sequence[Any]], start: str, where: tuple[str, str]
+) -> list[Sequence[Any]]:
+    """The rows of a checkpoint's ancestors (id and parent id first), nearest first, from
+    ``start``; CorruptDataError if the parent links loop (a damaged row, or a put that
+    named a checkpoint as its own parent)."""
+    by_id = {row[0]: row for row in rows}
+    chain: list[Sequence[Any]] = []
+    seen: set[str] = set()
+    cursor: str | None = start
+    while cursor is not None and cursor in by_id:
+        if cursor in seen:
+            raise _unreadable(
+                "the parent chain", (*where, start), f"it comes back to checkpoint {cursor!r}"
+            )
+        seen.add(cursor)
+        chain.append(by_id[cursor])
+        cursor = by_id[cursor][1]
+    return chain
+
+
 @dataclass
 class _Fetched:
     """What the statement that read a checkpoint row brought along: the stored values
@@ -423,14 +444,18 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         *,
         row: bool = True,
         lazy: bool = False,
+        plain_json: bool = False,
     ) -> Any:
         """A stored value, decoded; ``row=False`` for one the codec did not encode (the
         tail inside a delta row, whose serializer's tag is taken as it is). With
-        ``lazy``, a message list comes back as :class:`_Rows`."""
+        ``lazy``, a message list comes back as :class:`_Rows`. ``plain_json``: a "json"
+        row is read as plain JSON whatever the serializer (metadata, see _put)."""
         try:
             decoded = self.codec.decode(type_, data) if row else (type_, bytes(data))
             if lazy and decoded[0] == MESSAGE_LIST:
                 return _Rows(message_rows(decoded[1], self._rows_hook()))
+            if plain_json and decoded[0] == "json":
+                return json.loads(decoded[1])
             return self._loads(decoded)
         except Exception as exc:
             raise _unreadable(what, cfg, exc) from exc
@@ -459,7 +484,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
     def _load_metadata(self, type_: str, data: Any, key: tuple[str, str, str]) -> Any:
         """A checkpoint's stored metadata, checked to be a mapping."""
-        meta = self._load(type_, data, "the metadata", key)
+        meta = self._load(type_, data, "the metadata", key, plain_json=True)
         if type(meta) is not dict:
             why = f"it decodes to {type(meta).__name__}, not a mapping"
             raise _unreadable("the metadata", key, why)
@@ -758,6 +783,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         except TypeError:
             # Text that is not valid Unicode (lone surrogates, which filters may name):
             # msgpack would store "?" for them; JSON escapes them and gives them back.
+            # Read back as plain JSON (never through LangChain's reviver, which would
+            # build objects from {"lc": ...} mappings in it).
             text = json.dumps(meta, default=repr).encode()
             meta_type, meta_data = self.codec.encode("json", text)
         run_id = meta.get("run_id")
@@ -1443,11 +1470,12 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             if not rows:
                 return result
             checkpoint_id = rows[0][2]
-        chain = yield Query(
+        rows = yield Query(
             self.sql.SELECT_CHAIN,
             (thread_id, ns, checkpoint_id, thread_id, ns, thread_id, ns),
             fetch=True,
         )
+        chain = _parent_chain(rows, checkpoint_id, (thread_id, ns))
         if len(chain) < 2:
             return result
         ancestors = chain[1:]  # the target's own writes are pending for its next step

@@ -187,7 +187,11 @@ class RetentionCore(SaverCore):
             stored = {(ch, v) for ch, v, type_ in blob_rows if type_ != _EMPTY}
             missing = set(delta_channels)
             cursor: tuple[Any, ...] | None = latest
+            walked: set[str] = set()
             while cursor is not None and missing:
+                if cursor[0] in walked:  # (a damaged chain that loops)
+                    break
+                walked.add(cursor[0])
                 keep.add(cursor[0])
                 rest = self._load_checkpoint(cursor[2], cursor[3], (thread_id, ns, cursor[0]))
                 versions = rest.get("channel_versions", {})
