@@ -2574,3 +2574,47 @@ async def test_a_damaged_completed_call_is_a_clear_error_and_never_runs_again(
         await charge_in("damaged")
     assert await charge_in("healthy") == 50
     assert calls == [5, 5]  # once in each scope, never again
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+@parametrize_kinds
+async def test_status_filters_take_one_status_or_several_and_refuse_others(
+    kind: str, saver: Any
+) -> None:
+    """steps(status="completed") filtered by the string's letters and found nothing;
+    runs(status=["running"]) was an SQL error on SQLite and found nothing on PostgreSQL.
+    Both take one status or several now; a word that is no status is refused by name,
+    as are a negative limit and an event seq that is not a number (a driver error on
+    PostgreSQL, and on SQLite no events or every run)."""
+    journal = saver.journal
+    await call(journal, "start_run", kind, "r1", framework="custom")
+    await call(journal, "start_run", kind, "r2", framework="custom")
+    await call(journal, "set_run_status", kind, "r2", "failed", error="boom")
+    await run_op(journal, kind, claim_op(journal, "s", "k1", "me"))
+    await run_op(journal, kind, claim_op(journal, "s", "k2", "me"))
+    await run_op(
+        journal, kind, lambda: journal.ops.complete("s", "k2", owner="me", result=7, event=None)
+    )
+
+    for status in ("running", ["running"], ("running",), {"running"}):
+        assert [r.run_id for r in await call(journal, "runs", kind, status=status)] == ["r1"]
+    both = await call(journal, "runs", kind, status=["running", "failed"])
+    assert sorted(r.run_id for r in both) == ["r1", "r2"]
+    assert await call(journal, "runs", kind, status=[]) == []
+    for status in ("completed", ["completed"]):
+        assert [s.step_key for s in await call(journal, "steps", kind, status=status)] == ["k2"]
+    started_or_done = await call(journal, "steps", kind, status=("started", "completed"))
+    assert sorted(s.step_key for s in started_or_done) == ["k1", "k2"]
+
+    with pytest.raises(ValueError, match=r"steps\(status=...\): 'complete' is not a status"):
+        await call(journal, "steps", kind, status="complete")
+    with pytest.raises(ValueError, match=r"runs\(status=...\): 'done' is not a status"):
+        await call(journal, "runs", kind, status=["running", "done"])
+    with pytest.raises(TypeError, match=r"runs\(status=...\) must be a status"):
+        await call(journal, "runs", kind, status=3)
+    with pytest.raises(ValueError, match=r"runs\(limit=...\) must be a whole number"):
+        await call(journal, "runs", kind, limit=-1)
+    with pytest.raises(TypeError, match=r"events\(after=...\) must be an event's seq"):
+        await call(journal, "events", kind, "r1", after="x")

@@ -17,12 +17,12 @@ import functools
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, get_args
 
 from agentcheck._errors import CorruptDataError, UnsafeTypeError
 from agentcheck.backends.base import Later, OnCommit, Operation, Query, Rows, in_list
@@ -61,6 +61,29 @@ def key_text(value: object, what: str) -> str:
             f"not {type(value).__name__}"
         )
     return str(value)
+
+
+def _limit(value: Any, what: str) -> int:
+    """A limit: a whole number, at least 0."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{what} must be a whole number, 0 or more, not {value!r}")
+    return value
+
+
+def statuses(value: str | Sequence[str], allowed: tuple[str, ...], what: str) -> list[str]:
+    """A status filter: one status, or several (a list, a tuple, a set), each one of
+    ``allowed``; ValueError or TypeError naming ``what`` otherwise. (A string taken as
+    a sequence would filter by its letters, and match nothing without a word.)"""
+    given = [value] if isinstance(value, str) else value
+    if not isinstance(given, Iterable) or isinstance(given, (bytes, Mapping)):
+        raise TypeError(f"{what} must be a status or a list of statuses, not {given!r}")
+    found = list(given)
+    for status in found:
+        if status not in allowed:
+            raise ValueError(
+                f"{what}: {status!r} is not a status; the statuses are {', '.join(allowed)}"
+            )
+    return found
 
 
 def now() -> str:
@@ -622,13 +645,18 @@ class JournalOps:
         return self._run(rows[0]) if rows else None
 
     def runs(
-        self, *, status: str | None = None, framework: str | None = None, limit: int | None = None
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        framework: str | None = None,
+        limit: int | None = None,
     ) -> Operation[list[Run]]:
         where: list[str] = []
         params: list[Any] = []
         if status is not None:
-            where.append("status = ?")
-            params.append(status)
+            wanted = statuses(status, get_args(RunStatus), "runs(status=...)")
+            where.append(f"status IN ({in_list(len(wanted))})" if wanted else "1 = 0")
+            params.extend(wanted)
         if framework is not None:
             where.append("framework = ?")
             params.append(framework)
@@ -638,12 +666,15 @@ class JournalOps:
         sql += " ORDER BY updated_at DESC, run_id"
         if limit is not None:
             sql += " LIMIT ?"
-            params.append(int(limit))
+            params.append(_limit(limit, "runs(limit=...)"))
         rows = yield Query(sql, tuple(params), fetch=True)
         return [self._run(r) for r in rows]
 
     def events(self, run_id: str, *, after: int = 0) -> Operation[list[Event]]:
-        rows = yield Query(self.sql.SELECT_EVENTS, (run_id, after), fetch=True)
+        if type(after) is not int:
+            raise TypeError(f"events(after=...) must be an event's seq (an int), not {after!r}")
+        params = (key_text(run_id, "run_id"), after)
+        rows = yield Query(self.sql.SELECT_EVENTS, params, fetch=True)
         return [self._event(r) for r in rows]
 
     def steps(
@@ -651,7 +682,7 @@ class JournalOps:
         *,
         run_id: str | None = None,
         scope: str | None = None,
-        status: Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
     ) -> Operation[list[Step]]:
         where: list[str] = []
         params: list[Any] = []
@@ -661,9 +692,10 @@ class JournalOps:
         if scope is not None:
             where.append("scope = ?")
             params.append(key_text(scope, "scope"))
-        if status:
-            where.append(f"status IN ({in_list(len(status))})")
-            params.extend(status)
+        if status is not None:
+            wanted = statuses(status, get_args(StepStatus), "steps(status=...)")
+            where.append(f"status IN ({in_list(len(wanted))})" if wanted else "1 = 0")
+            params.extend(wanted)
         sql = self.sql.SELECT_STEPS
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -732,7 +764,8 @@ class Journal:
         return await self._async(lambda: self.ops.get_run(run_id), False)
 
     def runs(self, **kwargs: Any) -> builtins.list[Run]:
-        """Runs, most recently updated first (filters: ``status``, ``framework``, ``limit``)."""
+        """Runs, most recently updated first (filters: ``status``, one status or a list
+        of them; ``framework``; ``limit``)."""
         return self._sync(lambda: self.ops.runs(**kwargs), False)
 
     async def aruns(self, **kwargs: Any) -> builtins.list[Run]:
@@ -746,7 +779,8 @@ class Journal:
         return await self._async(lambda: self.ops.events(run_id, after=after), False)
 
     def steps(self, **kwargs: Any) -> builtins.list[Step]:
-        """Ledger rows (filters: ``run_id``, ``scope``, ``status``)."""
+        """Ledger rows (filters: ``run_id``, ``scope``, ``status``: one status or a list
+        of them)."""
         return self._sync(lambda: self.ops.steps(**kwargs), False)
 
     async def asteps(self, **kwargs: Any) -> builtins.list[Step]:
