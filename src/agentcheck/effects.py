@@ -36,13 +36,13 @@ from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar, cast, overload
 
 from agentcheck._errors import AgentcheckError
+from agentcheck.backends.base import key_text
 from agentcheck.journal import (
     Claim,
     Effect,
     EventSpec,
     Journal,
     Step,
-    key_text,
     new_owner,
     owner_alive,
 )

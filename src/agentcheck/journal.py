@@ -25,7 +25,15 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, get_args
 
 from agentcheck._errors import CorruptDataError, UnsafeTypeError
-from agentcheck.backends.base import Later, OnCommit, Operation, Query, Rows, in_list
+from agentcheck.backends.base import (
+    Later,
+    OnCommit,
+    Operation,
+    Query,
+    Rows,
+    in_list,
+    key_text,
+)
 from agentcheck.serde import SafeSerializer
 
 if TYPE_CHECKING:
@@ -46,21 +54,6 @@ StepStatus = Literal["started", "completed", "failed"]
 Effect = Literal["pure", "idempotent", "side_effect"]
 
 _REPR = "repr"  # type tag of a payload stored as its repr() because it could not be serialized
-
-
-def key_text(value: object, what: str) -> str:
-    """A scope or run id as the text it is stored as: a ``str`` as it is (a subclass, such
-    as an enum of strings, by its string value), a number or a UUID as ``str()`` gives it.
-    None and bytes are refused: ``str()`` would make ``"None"`` or ``"b'...'"`` of them, one
-    key shared by every caller that passed them."""
-    if isinstance(value, str):
-        return str.__str__(value)
-    if value is None or isinstance(value, bytes | bytearray | memoryview):
-        raise TypeError(
-            f"{what} must be text (a number or a UUID is stored as its text), "
-            f"not {type(value).__name__}"
-        )
-    return str(value)
 
 
 def _limit(value: Any, what: str) -> int:

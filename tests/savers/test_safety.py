@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import os
 import pickle
+import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -504,6 +505,55 @@ async def test_prune_and_delete_for_runs_refuse_a_single_string(
         for thread in ("A", "B", "AB"):
             listed = await list_all(kind, saver, generate_config(thread))
             assert len(listed) == 2, thread
+
+
+def _bad_id_calls(bad: Any) -> list[tuple[str, tuple[Any, ...], dict[str, Any], str]]:
+    """(method, args, kwargs, the argument the error must name) for an id ``bad``."""
+    cp = checkpoint_with({"x": ["v"]}, {"x": 1})
+    config = {"configurable": {"thread_id": bad, "checkpoint_ns": ""}}
+    return [
+        ("put", (config, cp, {}, {"x": 1}), {}, "thread_id"),
+        ("get_tuple", (config,), {}, "thread_id"),
+        ("delete_thread", (bad,), {}, "thread_id"),
+        ("copy_thread", (bad, "bob"), {}, "source_thread_id"),
+        ("copy_thread", ("alice", bad), {}, "target_thread_id"),
+        ("prune", ([bad],), {}, "each of thread_ids"),
+    ]
+
+
+@pytest.mark.parametrize("bad", [None, b"alice", ["alice"], ("alice",), True], ids=repr)
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_id_that_is_no_text_is_refused_naming_the_argument(
+    kind: str, bad: Any, sqlite_path: str, pg_url: str
+) -> None:
+    """Thread ids were made text with str(): put with thread_id=None stored under the
+    thread "None" (shared by every such caller), delete_thread(["alice"]) and
+    delete_thread(b"alice") deleted nothing and said nothing, copy_thread(None, ...)
+    copied the thread "None". Each is now a TypeError naming the argument, and nothing
+    is written or deleted; numbers and UUIDs are still stored as their text."""
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        alice = await call(
+            kind, saver, "put", generate_config("alice"),
+            checkpoint_with({"x": ["a"]}, {"x": 1}), {}, {"x": 1},
+        )  # fmt: skip
+        for method, args, kwargs, named in _bad_id_calls(bad):
+            with pytest.raises(TypeError, match=rf"^{re.escape(named)} must be text"):
+                await call(kind, saver, method, *args, **kwargs)
+        if bad is not None:
+            with pytest.raises(TypeError, match="^thread_id must be text"):
+                await list_all(kind, saver, {"configurable": {"thread_id": bad}})
+        threads = raw_sql(
+            kind, sqlite_path, pg_url, "SELECT DISTINCT thread_id FROM agentcheck_checkpoints"
+        )
+        assert threads == [("alice",)]
+        assert (await call(kind, saver, "get_tuple", alice)).checkpoint["channel_values"] == {
+            "x": ["a"]
+        }
+        for thread_id in (7, uuid.UUID(int=7)):
+            cfg = generate_config(thread_id)
+            await call(kind, saver, "put", cfg, checkpoint_with({"x": [1]}, {"x": 1}), {}, {"x": 1})
+            got = await call(kind, saver, "get_tuple", generate_config(str(thread_id)))
+            assert got.config["configurable"]["thread_id"] == str(thread_id)
 
 
 # --------------------------------------------------------------------------- 4. hostile metadata

@@ -14,7 +14,7 @@ parameters, never as SQL text.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
@@ -34,6 +34,7 @@ __all__ = [
     "drive",
     "get_tuple_statements",
     "in_list",
+    "key_text",
     "migrate",
 ]
 
@@ -46,6 +47,26 @@ _TERM_SEPARATOR = chr(31)
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
+
+
+def key_text(value: object, what: str) -> str:
+    """An id (a thread id, a scope, a run id) as the text it is stored as: a ``str`` as
+    it is (a subclass, such as an enum of strings, by its string value), a number or a
+    UUID as ``str()`` gives it. None, a bool, bytes and collections are refused, naming
+    ``what``: ``str()`` would make ``"None"``, ``"True"``, ``"b'...'"`` or ``"['a']"`` of
+    them, one key shared by every caller that passed them, or none that was meant."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if (
+        value is None
+        or isinstance(value, bool | bytes | bytearray | memoryview | Mapping)
+        or (isinstance(value, Iterable) and not isinstance(value, str))
+    ):
+        raise TypeError(
+            f"{what} must be text (a number or a UUID is stored as its text), "
+            f"not {type(value).__name__}"
+        )
+    return str(value)
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,

@@ -57,6 +57,7 @@ from agentcheck.backends.base import (
     Rows,
     batch,
     in_list,
+    key_text,
     migrate,
     pair_list,
     schema_version,
@@ -721,7 +722,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             record=True,
         )
         conf = config["configurable"]
-        thread_id = str(conf["thread_id"])
+        thread_id = key_text(conf["thread_id"], "thread_id")
         ns = str(conf.get("checkpoint_ns", ""))
         parent_id = conf.get("checkpoint_id")
         checkpoint_id = checkpoint["id"]
@@ -829,7 +830,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         task_path: str,
     ) -> Operation[None]:
         conf = config["configurable"]
-        thread_id = str(conf["thread_id"])
+        thread_id = key_text(conf["thread_id"], "thread_id")
         ns = str(conf.get("checkpoint_ns", ""))
         checkpoint_id = conf["checkpoint_id"]
         rows = []
@@ -1026,7 +1027,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
 
     def _get_tuple(self, config: RunnableConfig) -> Operation[CheckpointTuple | None]:
         conf = config["configurable"]
-        thread_id = str(conf["thread_id"])
+        thread_id = key_text(conf["thread_id"], "thread_id")
         ns = str(conf.get("checkpoint_ns", ""))
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id:
@@ -1128,9 +1129,9 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         params: list[Any] = []
         if config is not None:
             conf = config.get("configurable", {})
-            if conf.get("thread_id") is not None:
+            if "thread_id" in conf:
                 where.append(f"{alias}.thread_id = ?")
-                params.append(str(conf["thread_id"]))
+                params.append(key_text(conf["thread_id"], "thread_id"))
             if conf.get("checkpoint_ns") is not None:
                 where.append(f"{alias}.checkpoint_ns = ?")
                 params.append(str(conf["checkpoint_ns"]))
@@ -1462,7 +1463,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         if not channels:
             return result
         conf = config["configurable"]
-        thread_id = str(conf["thread_id"])
+        thread_id = key_text(conf["thread_id"], "thread_id")
         ns = str(conf.get("checkpoint_ns", ""))
         checkpoint_id = get_checkpoint_id(config)
         if not checkpoint_id:
