@@ -439,6 +439,67 @@ async def test_metadata_stored_as_json_comes_back_as_written_nothing_revived(
         assert listed[0].metadata["message"] == envelopes["message"]
 
 
+@pytest.mark.parametrize("damage", ["delta built on itself", "bases not a list"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_damaged_delta_chain_is_reported_as_corrupt(
+    kind: str, damage: str, sqlite_path: str, pg_url: str
+) -> None:
+    """A list stored as deltas whose snapshot row is made a delta of itself raised a bare
+    RecursionError from get_tuple and list; a checkpoint whose list of bases is not a
+    list raised a bare TypeError from get_tuple and prune. Both are CorruptDataError
+    naming the thread and checkpoint; the other thread still reads."""
+    threads = {"broken": f"b-{uuid.uuid4()}", "healthy": f"h-{uuid.uuid4()}"}
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        last: dict[str, Any] = {}
+        for name, thread in threads.items():
+            cfg: Any = generate_config(thread)
+            items = [f"m{i}" for i in range(10)]
+            version = None
+            for step in range(3):  # a list of 10 and more, one item more each step
+                items = [*items, f"new{step}"]
+                version = saver.get_next_version(version, None)
+                cp = checkpoint_with({"msgs": list(items)}, {"msgs": version})
+                cfg = await call(kind, saver, "put", child_config(cfg), cp, {}, {"msgs": version})
+            last[name] = (cfg, cp)
+        types = raw_sql(
+            kind, sqlite_path, pg_url,
+            "SELECT type, version FROM agentcheck_blobs WHERE thread_id = ? ORDER BY version",
+            (threads["broken"],),
+        )  # fmt: skip
+        assert [t for t, _ in types] == ["msgpack", "delta", "delta"]
+        if damage == "delta built on itself":
+            snapshot = types[0][1]
+            row = ormsgpack.packb([snapshot, 0, "msgpack", ormsgpack.packb(["x"])])
+            raw_sql(
+                kind, sqlite_path, pg_url,
+                "UPDATE agentcheck_blobs SET type = 'delta', blob = ? "
+                "WHERE thread_id = ? AND version = ?", (row, threads["broken"], snapshot),
+            )  # fmt: skip
+            why = "built on itself"
+        else:
+            cfg, cp = last["broken"]
+            rest = {k: v for k, v in cp.items() if k != "channel_values"}
+            raw_sql(
+                kind, sqlite_path, pg_url,
+                "UPDATE agentcheck_checkpoints SET type = 'msgpack', checkpoint = ? "
+                "WHERE thread_id = ?",
+                (ormsgpack.packb({**rest, "_ac_bases": {"msgs": 5}}), threads["broken"]),
+            )  # fmt: skip
+            why = "not a list of versions"
+        broken_cfg, broken_cp = last["broken"]
+        pattern = rf"{broken_cp['id']}.*{threads['broken']}.*{why}"
+        with pytest.raises(CorruptDataError, match=pattern):
+            await call(kind, saver, "get_tuple", broken_cfg)
+        with pytest.raises(CorruptDataError, match=pattern):
+            await list_all(kind, saver, generate_config(threads["broken"]))
+        if damage == "bases not a list":
+            with pytest.raises(CorruptDataError, match=pattern):
+                await call(kind, saver, "prune", [threads["broken"]])
+        healthy_cfg, healthy_cp = last["healthy"]
+        got = await call(kind, saver, "get_tuple", healthy_cfg)
+        assert got.checkpoint["channel_values"] == healthy_cp["channel_values"]
+
+
 @pytest.mark.timeout(120, method="thread")  # a regression hangs: end the run, not wait
 @pytest.mark.parametrize("loop", ["own parent", "two checkpoints"])
 @pytest.mark.parametrize("kind", KINDS)

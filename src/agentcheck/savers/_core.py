@@ -303,6 +303,8 @@ class _Decoded:
 
     lazy: bool
     values: dict[tuple[str, str], Any] = field(default_factory=dict)
+    # The deltas being rebuilt now, each waiting for its base: one met again is a loop.
+    building: set[tuple[str, str]] = field(default_factory=set)
 
 
 class StaleDeltaBase(Exception):
@@ -480,6 +482,10 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             value = rest.get(name)
             if value is not None and type(value) is not dict:
                 why = f"its {name} is {type(value).__name__}, not a mapping"
+                raise _unreadable("the checkpoint", key, why)
+        for channel, chain in (rest.get(BASES_KEY) or {}).items():
+            if type(chain) is not list or not all(type(v) is str for v in chain):
+                why = f"its {BASES_KEY} of channel {channel!r} is not a list of versions"
                 raise _unreadable("the checkpoint", key, why)
         return rest
 
@@ -1368,21 +1374,23 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             for (thread_id, ns), by_pair in found.items():
                 for (channel, version), (type_, data) in list(by_pair.items()):
                     if type_.startswith(DELTA) and not isinstance(data, _Header):
-                        header = self._delta_header(type_, data, (thread_id, ns, channel))
+                        header = self._delta_header(type_, data, (thread_id, ns, channel), version)
                         by_pair[(channel, version)] = (type_, header)
                         if (channel, header.base_version) not in by_pair:
                             todo.add((thread_id, ns, channel, header.base_version))
         return found, extra_rows
 
-    def _delta_header(self, type_: str, data: Any, where: tuple[str, str, str]) -> _Header:
+    def _delta_header(
+        self, type_: str, data: Any, where: tuple[str, str, str], version: str
+    ) -> _Header:
         thread_id, ns, channel = where
         try:
             inner_type, packed = self.codec.decode(type_, data)
             base, shift, tail_type, tail = unpack_delta(packed)
         except Exception as exc:
             raise CorruptDataError(
-                f"cannot read a stored version of channel {channel!r} in thread "
-                f"{thread_id!r} (namespace {ns!r}): {exc}"
+                f"cannot read the stored version {version!r} of channel {channel!r} in "
+                f"thread {thread_id!r} (namespace {ns!r}): {exc}"
             ) from exc
         return _Header(base, shift, tail_type, tail)
 
@@ -1425,7 +1433,18 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
                     where,
                     f"the stored version it is built from, {data.base_version!r}, is missing",
                 )
-            base = self._stored(found, base_pair, where, decoded)
+            building = decoded.building
+            if pair in building:  # a damaged chain that comes back to a version on it
+                raise _unreadable(
+                    f"channel {channel!r}",
+                    where,
+                    f"its stored version {pair[1]!r} is built on itself",
+                )
+            building.add(pair)
+            try:
+                base = self._stored(found, base_pair, where, decoded)
+            finally:
+                building.discard(pair)
             if type(base) is _Rows and data.tail_type == MESSAGE_LIST:
                 # Rows on rows (a chat's deltas): no message is made yet.
                 try:
