@@ -617,6 +617,47 @@ async def test_an_id_that_is_no_text_is_refused_naming_the_argument(
             assert got.config["configurable"]["thread_id"] == str(thread_id)
 
 
+def _bad_argument_calls() -> list[tuple[str, tuple[Any, ...], dict[str, Any], Any, str]]:
+    """(method, args, kwargs, error type, message) of calls with bad arguments."""
+    t = generate_config("t")
+    cp = checkpoint_with({"x": ["v"]}, {"x": 1})
+    return [
+        ("get_tuple", (None,), {}, TypeError, "get_tuple's config must be"),
+        ("get_tuple", ("t",), {}, TypeError, "get_tuple's config must be"),
+        ("get_tuple", ({"configurable": {}},), {}, ValueError, "names no thread"),
+        ("get_tuple", ({"configurable": {"thread_id": "t", "checkpoint_id": 5}},), {},
+         TypeError, "checkpoint_id must be text"),
+        ("put", (t, cp, None, {}), {}, TypeError, "put's metadata must be"),
+        ("put", (t, {}, {}, {}), {}, TypeError, "put's checkpoint must be"),
+        ("put_writes", (t, [("a", 1)], "task"), {}, ValueError,
+         "names no checkpoint"),
+        ("prune", (None,), {}, TypeError, "thread_ids must be a list of ids"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_bad_arguments_get_an_error_that_names_them(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """Arguments of the wrong type failed deep inside (AttributeError: 'NoneType' object
+    has no attribute 'get', KeyError: 'id', a PostgreSQL operator error for an int
+    checkpoint id, which SQLite answered with None). Each is now refused up front with
+    an error naming the argument."""
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        for method, args, kwargs, error, message in _bad_argument_calls():
+            with pytest.raises(error, match=re.escape(message)):
+                await call(kind, saver, method, *args, **kwargs)
+        t = generate_config("t")
+        for kwargs, message in (
+            ({"filter": "x"}, "list's filter must be a dict"),
+            ({"before": "x"}, "list's before must be a config"),
+            ({"limit": "2"}, "list's limit must be a whole number"),
+            ({"limit": 1.5}, "list's limit must be a whole number"),
+        ):
+            with pytest.raises(TypeError, match=re.escape(message)):
+                await list_all(kind, saver, t, **kwargs)
+
+
 # --------------------------------------------------------------------------- 4. hostile metadata
 
 HOSTILE_STRINGS = [

@@ -42,7 +42,6 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     DeltaChannelHistory,
     PendingWrite,
-    get_checkpoint_id,
     get_serializable_checkpoint_metadata,
     writes_sort_key,
 )
@@ -237,6 +236,67 @@ def _unreadable(what: str, where: tuple[str, str, str], why: object) -> CorruptD
         f"cannot read {what} of checkpoint {checkpoint_id!r} in thread {thread_id!r} "
         f"(namespace {ns!r}): {why}"
     )
+
+
+def _configurable(config: Any, what: str) -> Mapping[str, Any]:
+    """The ``configurable`` mapping of a config given to the saver, or a TypeError
+    naming ``what`` (instead of an AttributeError or KeyError deep inside)."""
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"{what} must be a config (a dict with a 'configurable' dict naming the "
+            f"thread_id), not {type(config).__name__}"
+        )
+    conf = config.get("configurable")
+    if not isinstance(conf, Mapping):
+        raise TypeError(f"{what}['configurable'] must be a dict, not {type(conf).__name__}")
+    return conf
+
+
+def config_keys(
+    config: Any, what: str, *, thread: bool = True, checkpoint: bool = False
+) -> tuple[str, str, str | None]:
+    """(thread id, namespace, checkpoint id or None) of a config given to the saver,
+    each checked: a ValueError if ``thread`` (``checkpoint``) and it names none, a
+    TypeError naming the key if one is not text."""
+    conf = _configurable(config, what)
+    if thread and "thread_id" not in conf:
+        raise ValueError(f"{what} names no thread: its 'configurable' has no thread_id")
+    thread_id = key_text(conf["thread_id"], "thread_id") if "thread_id" in conf else ""
+    ns = conf.get("checkpoint_ns")
+    if ns is None:
+        ns = ""
+    elif not isinstance(ns, str):
+        raise TypeError(f"checkpoint_ns must be text, not {type(ns).__name__}")
+    checkpoint_id = conf.get("checkpoint_id")
+    if checkpoint_id is not None and not isinstance(checkpoint_id, str):
+        raise TypeError(f"checkpoint_id must be text, not {type(checkpoint_id).__name__}")
+    if checkpoint and not checkpoint_id:
+        raise ValueError(f"{what} names no checkpoint: its 'configurable' has no checkpoint_id")
+    return thread_id, str.__str__(ns), str.__str__(checkpoint_id) if checkpoint_id else None
+
+
+def check_list_args(config: Any, filter: Any, before: Any, limit: Any) -> None:
+    """The arguments of ``list``, checked before anything is read."""
+    if config is not None:
+        config_keys(config, "list's config", thread=False)
+    if filter is not None and not isinstance(filter, Mapping):
+        raise TypeError(f"list's filter must be a dict, not {type(filter).__name__}")
+    if before is not None:
+        config_keys(before, "list's before", thread=False)
+    if limit is not None and (type(limit) is not int):
+        raise TypeError(f"list's limit must be a whole number or None, not {limit!r}")
+
+
+def _check_put_args(checkpoint: Any, metadata: Any, new_versions: Any) -> None:
+    if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("id"), str):
+        raise TypeError("put's checkpoint must be a LangGraph Checkpoint (a dict with an 'id')")
+    for name in ("channel_values", "channel_versions"):
+        if not isinstance(checkpoint.get(name, {}), Mapping):
+            raise TypeError(f"put's checkpoint[{name!r}] must be a dict")
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"put's metadata must be a dict, not {type(metadata).__name__}")
+    if not isinstance(new_versions, Mapping):
+        raise TypeError(f"put's new_versions must be a dict, not {type(new_versions).__name__}")
 
 
 def _parent_chain(
@@ -727,10 +787,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
             "a put would add terms of another form to it, which filters would then miss",
             record=True,
         )
-        conf = config["configurable"]
-        thread_id = key_text(conf["thread_id"], "thread_id")
-        ns = str(conf.get("checkpoint_ns", ""))
-        parent_id = conf.get("checkpoint_id")
+        thread_id, ns, parent_id = config_keys(config, "put's config")
+        _check_put_args(checkpoint, metadata, new_versions)
         checkpoint_id = checkpoint["id"]
 
         values = checkpoint["channel_values"]
@@ -835,10 +893,11 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str,
     ) -> Operation[None]:
+        thread_id, ns, named = config_keys(config, "put_writes' config", checkpoint=True)
+        checkpoint_id = cast(str, named)  # (checkpoint=True: never None)
         conf = config["configurable"]
-        thread_id = key_text(conf["thread_id"], "thread_id")
-        ns = str(conf.get("checkpoint_ns", ""))
-        checkpoint_id = conf["checkpoint_id"]
+        if not isinstance(task_id, str):
+            raise TypeError(f"put_writes' task_id must be text, not {type(task_id).__name__}")
         rows = []
         for i, (channel, value) in enumerate(writes):
             type_, data = self._dump(value)
@@ -1032,10 +1091,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         return False
 
     def _get_tuple(self, config: RunnableConfig) -> Operation[CheckpointTuple | None]:
-        conf = config["configurable"]
-        thread_id = key_text(conf["thread_id"], "thread_id")
-        ns = str(conf.get("checkpoint_ns", ""))
-        checkpoint_id = get_checkpoint_id(config)
+        thread_id, ns, checkpoint_id = config_keys(config, "get_tuple's config")
         if checkpoint_id:
             query = Query(self.sql.GET_TUPLE_BY_ID, (thread_id, ns, checkpoint_id), fetch=True)
         else:
@@ -1134,17 +1190,20 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         where: list[str] = []
         params: list[Any] = []
         if config is not None:
-            conf = config.get("configurable", {})
+            conf = _configurable(config, "list's config")
+            thread_id, ns, checkpoint_id = config_keys(config, "list's config", thread=False)
             if "thread_id" in conf:
                 where.append(f"{alias}.thread_id = ?")
-                params.append(key_text(conf["thread_id"], "thread_id"))
+                params.append(thread_id)
             if conf.get("checkpoint_ns") is not None:
                 where.append(f"{alias}.checkpoint_ns = ?")
-                params.append(str(conf["checkpoint_ns"]))
-            if checkpoint_id := get_checkpoint_id(config):
+                params.append(ns)
+            if checkpoint_id:
                 where.append(f"{alias}.checkpoint_id = ?")
                 params.append(checkpoint_id)
-        if before is not None and (before_id := get_checkpoint_id(before)):
+        if before is not None and (
+            before_id := config_keys(before, "list's before", thread=False)[2]
+        ):
             where.append(f"{alias}.checkpoint_id < ?")
             params.append(before_id)
         if until is not None:
@@ -1481,10 +1540,7 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         result: dict[str, DeltaChannelHistory] = {ch: {"writes": []} for ch in channels}
         if not channels:
             return result
-        conf = config["configurable"]
-        thread_id = key_text(conf["thread_id"], "thread_id")
-        ns = str(conf.get("checkpoint_ns", ""))
-        checkpoint_id = get_checkpoint_id(config)
+        thread_id, ns, checkpoint_id = config_keys(config, "get_delta_channel_history's config")
         if not checkpoint_id:
             rows = yield Query(self.sql.SELECT_LATEST_CHECKPOINT, (thread_id, ns), fetch=True)
             if not rows:

@@ -354,8 +354,8 @@ class RunJournal:
         ``_task_started`` remembers of it is past (a late write of it can no longer
         come). (Read by another caller while a run goes on, it is forgotten early: a
         late write is then taken as new, as it was before that memory.)"""
-        conf = config.get("configurable") or {}
-        if not conf.get("checkpoint_ns") and "thread_id" in conf:
+        conf = config.get("configurable") if isinstance(config, Mapping) else None
+        if isinstance(conf, Mapping) and not conf.get("checkpoint_ns") and "thread_id" in conf:
             self._task_started.pop(str(conf["thread_id"]), None)
 
     def _subgraph_goes_on(

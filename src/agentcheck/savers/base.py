@@ -30,7 +30,7 @@ from langgraph.checkpoint.base import (
 
 from agentcheck._errors import SchemaVersionError
 from agentcheck.backends.base import Operation
-from agentcheck.savers._core import ListPages
+from agentcheck.savers._core import ListPages, check_list_args
 from agentcheck.savers._retention import RetentionCore
 
 __all__ = ["AsyncSaver", "SyncSaver"]
@@ -54,6 +54,15 @@ def _raise_if_read_only(exc: Exception) -> None:
 
 def _stripe(thread_id: Any) -> int:
     return hash(str(thread_id)) % _STRIPES
+
+
+def _stripe_of(config: Any) -> int:
+    """The lock stripe of a config's thread (any, for a config that names none: the
+    operation then refuses it, saying what is wrong)."""
+    try:
+        return _stripe(config["configurable"]["thread_id"])
+    except (TypeError, KeyError):
+        return 0
 
 
 _workers: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that made it, the pool)
@@ -189,6 +198,7 @@ class SyncSaver(RetentionCore):
     ) -> Iterator[CheckpointTuple]:
         """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first
         (read a page at a time, see :class:`~agentcheck.savers._core.ListPages`)."""
+        check_list_args(config, filter, before, limit)
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             yield from pages.take(self._call(read, False))
@@ -205,7 +215,7 @@ class SyncSaver(RetentionCore):
         def put() -> Operation[RunnableConfig]:
             return self._put(config, checkpoint, metadata, new_versions)
 
-        with self._thread_locks[_stripe(config["configurable"]["thread_id"])]:
+        with self._thread_locks[_stripe_of(config)]:
             try:
                 return self._call(put, True)
             except Exception as exc:
@@ -221,7 +231,7 @@ class SyncSaver(RetentionCore):
         task_path: str = "",
     ) -> None:
         """Store a task's pending writes for the checkpoint of ``config``."""
-        with self._thread_locks[_stripe(config["configurable"]["thread_id"])]:
+        with self._thread_locks[_stripe_of(config)]:
             self._call(lambda: self._put_writes(config, writes, task_id, task_path), True)
 
     def delete_thread(self, thread_id: str) -> None:
@@ -261,6 +271,7 @@ class SyncSaver(RetentionCore):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """The same from async code: each page read in a worker thread."""
+        check_list_args(config, filter, before, limit)
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             for item in pages.take(await _in_worker(self._call, read, False)):
@@ -316,7 +327,7 @@ class AsyncSaver(RetentionCore):
         """The lock serializing one thread's checkpoint writes (see SyncSaver)."""
         if self._async_locks is None:
             self._async_locks = tuple(asyncio.Lock() for _ in range(_STRIPES))
-        return self._async_locks[_stripe(config["configurable"]["thread_id"])]
+        return self._async_locks[_stripe_of(config)]
 
     def run_op(
         self, make_op: Callable[[], Operation[T]], write: bool, *, durable: bool = True
@@ -401,6 +412,7 @@ class AsyncSaver(RetentionCore):
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first
         (read a page at a time, see :class:`~agentcheck.savers._core.ListPages`)."""
+        check_list_args(config, filter, before, limit)
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             for item in pages.take(await self._call(read, False)):
@@ -473,6 +485,7 @@ class AsyncSaver(RetentionCore):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
+        check_list_args(config, filter, before, limit)
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             yield from pages.take(self._sync(self._call(read, False)))
