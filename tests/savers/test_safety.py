@@ -371,6 +371,36 @@ async def test_corrupt_row_raises_corrupt_data_error_and_other_threads_stay_read
         assert [t.checkpoint["id"] for t in filtered] == [checkpoints[healthy_thread]["id"]]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_list_hands_out_the_checkpoints_newer_than_a_damaged_one_first(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """list(None) reads a page of 16 checkpoints and decoded it whole: a damaged one
+    kept the newer ones of other threads in its page from coming out before its error
+    (only those of earlier pages came out). They now all come out, newest first, then
+    the error naming the damaged checkpoint."""
+    async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver:
+        damaged = checkpoint_with({"x": ["old"]}, {"x": 1})
+        await call(kind, saver, "put", generate_config("damaged"), damaged, {}, {"x": 1})
+        for i in range(5):  # newer than the damaged one
+            cp = checkpoint_with({"x": [i]}, {"x": 1})
+            await call(kind, saver, "put", generate_config(f"healthy-{i}"), cp, {}, {"x": 1})
+        raw_sql(
+            kind, sqlite_path, pg_url,
+            "UPDATE agentcheck_checkpoints SET checkpoint = ? WHERE thread_id = 'damaged'",
+            (b"\xc1",),
+        )  # fmt: skip
+        seen: list[str] = []
+        with pytest.raises(CorruptDataError, match=damaged["id"]):
+            if is_async(kind):
+                async for t in saver.alist(None):
+                    seen.append(t.config["configurable"]["thread_id"])
+            else:
+                for t in saver.list(None):
+                    seen.append(t.config["configurable"]["thread_id"])
+        assert seen == [f"healthy-{i}" for i in reversed(range(5))]
+
+
 @pytest.mark.parametrize("operation", ["prune", "delete_for_runs"])
 @pytest.mark.parametrize("kind", KINDS)
 async def test_prune_and_delete_for_runs_report_a_damaged_row_as_corrupt(

@@ -175,6 +175,9 @@ class ListPages:
         self.done = limit is not None and limit <= 0
         self.asked = 0  # rows the page being read asks for
         self.terms: list[str] | None = None  # the filter's, rarest first (see _list)
+        # A damaged checkpoint met in the page being read: raised once the checkpoints
+        # before it (newer) are handed out (see _list).
+        self.error: CorruptDataError | None = None
 
     def reads(
         self,
@@ -190,10 +193,15 @@ class ListPages:
             self.asked = size + len(self.seen)
             yield partial(list_page, config, filter, before, self.asked, self)
 
+    def raise_error(self) -> None:
+        """Raise the error of a damaged checkpoint met in the page just handed out."""
+        if self.error is not None:
+            raise self.error
+
     def take(self, tuples: list[CheckpointTuple]) -> list[CheckpointTuple]:
         """The tuples of a page not handed out yet (at most what is left of the limit)."""
-        if len(tuples) < self.asked:
-            self.done = True  # nothing older
+        if len(tuples) < self.asked or self.error is not None:
+            self.done = True  # nothing older, or a damaged one next
         fresh = [t for t in tuples if _key_of(t) not in self.seen]
         if self.remaining is not None:
             fresh = fresh[: self.remaining]
@@ -1177,7 +1185,21 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         rows = yield Query(sql, params, fetch=True)
         if not rows:
             return []
-        return (yield from self._assemble(rows))
+        try:
+            return (yield from self._assemble(rows))
+        except CorruptDataError:
+            if pages is None or len(rows) == 1:
+                raise
+        # A damaged checkpoint in the page: the ones before it (newer) are handed out
+        # first, then its error (ListPages.error), as for one in a later page.
+        good: list[CheckpointTuple] = []
+        for row in rows:
+            try:
+                good += yield from self._assemble([row])
+            except CorruptDataError as exc:
+                pages.error = exc
+                break
+        return good
 
     @staticmethod
     def _list_where(

@@ -202,6 +202,7 @@ class SyncSaver(RetentionCore):
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             yield from pages.take(self._call(read, False))
+            pages.raise_error()
 
     def put(
         self,
@@ -276,6 +277,7 @@ class SyncSaver(RetentionCore):
         for read in pages.reads(self._list, config, filter, before):
             for item in pages.take(await _in_worker(self._call, read, False)):
                 yield item
+            pages.raise_error()
 
     async def aput(
         self,
@@ -417,6 +419,7 @@ class AsyncSaver(RetentionCore):
         for read in pages.reads(self._list, config, filter, before):
             for item in pages.take(await self._call(read, False)):
                 yield item
+            pages.raise_error()
 
     async def aput(
         self,
@@ -489,6 +492,7 @@ class AsyncSaver(RetentionCore):
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             yield from pages.take(self._sync(self._call(read, False)))
+            pages.raise_error()
 
     def put(
         self,
