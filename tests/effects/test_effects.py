@@ -2040,6 +2040,55 @@ async def test_a_sync_call_on_the_async_savers_own_loop_is_refused_naming_it(
     assert await saver.journal.asteps() == []
 
 
+class ThreadName(str, enum.Enum):
+    MAIN = "main"
+
+
+@parametrize_kinds
+async def test_a_thread_id_of_a_str_enum_is_one_thread_everywhere(
+    kind: str, saver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A (str, Enum) member as the thread id is stored under str() of it, as LangGraph
+    (get_state_history, update_state) and the adapter (the ledger's scope) name it: the
+    savers stored it under its value for a while, which split one thread in two (an
+    empty history, an update sent elsewhere, every wrapped call waiting 2 s for a
+    checkpoint under the other name, a journal left behind by delete_thread)."""
+    caplog.set_level(logging.WARNING, logger="agentcheck")
+    calls: list[int] = []
+    charge = charge_fn(kind, calls)
+    if is_async(kind):
+
+        async def node(state: Log) -> dict[str, Any]:
+            return {"out": [await charge(5)]}
+
+    else:
+
+        def node(state: Log) -> dict[str, Any]:  # type: ignore[misc]
+            return {"out": [charge(5)]}
+
+    graph = one_node_graph(node, saver)
+    cfg = config(ThreadName.MAIN)  # type: ignore[arg-type]
+    await call(graph, "invoke", kind, {"out": []}, cfg)
+    assert calls == [5]
+    assert not [r for r in caplog.records if "was not stored" in r.getMessage()]
+    history = [s async for s in graph.aget_state_history(cfg)]
+    assert len(history) == 3
+    if is_async(kind):
+        await graph.aupdate_state(cfg, {"out": ["edited"]})
+        state = await graph.aget_state(cfg)
+    else:
+        graph.update_state(cfg, {"out": ["edited"]})
+        state = graph.get_state(cfg)
+    assert state.values["out"][-1] == "edited"
+    assert [s.scope for s in await call(saver.journal, "steps", kind)] == ["ThreadName.MAIN"]
+    if is_async(kind):
+        await saver.adelete_thread(ThreadName.MAIN)
+    else:
+        saver.delete_thread(ThreadName.MAIN)
+    assert await call(saver.journal, "steps", kind) == []
+    assert await call(saver.journal, "runs", kind) == []
+
+
 @parametrize_kinds
 async def test_functional_api_task_and_entrypoint_replay(
     kind: str, saver: Any, caplog: pytest.LogCaptureFixture

@@ -33,6 +33,7 @@ __all__ = [
     "batch",
     "drive",
     "get_tuple_statements",
+    "id_text",
     "in_list",
     "key_text",
     "migrate",
@@ -49,14 +50,10 @@ T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
 
 
-def key_text(value: object, what: str) -> str:
-    """An id (a thread id, a scope, a run id) as the text it is stored as: a ``str`` as
-    it is (a subclass, such as an enum of strings, by its string value), a number or a
-    UUID as ``str()`` gives it. None, a bool, bytes and collections are refused, naming
-    ``what``: ``str()`` would make ``"None"``, ``"True"``, ``"b'...'"`` or ``"['a']"`` of
-    them, one key shared by every caller that passed them, or none that was meant."""
-    if isinstance(value, str):
-        return str.__str__(value)
+def _refuse_non_text(value: object, what: str) -> None:
+    """TypeError naming ``what`` for a value no id should be: None, a bool, bytes, a
+    collection. ``str()`` would make ``"None"``, ``"True"``, ``"b'...'"`` or ``"['a']"``
+    of them: one key shared by every caller that passed them, or none that was meant."""
     if (
         value is None
         or isinstance(value, bool | bytes | bytearray | memoryview | Mapping)
@@ -66,6 +63,23 @@ def key_text(value: object, what: str) -> str:
             f"{what} must be text (a number or a UUID is stored as its text), "
             f"not {type(value).__name__}"
         )
+
+
+def id_text(value: object, what: str) -> str:
+    """A thread id (or a run id of checkpoint metadata) as stored: ``str(value)``, the
+    text LangGraph makes of it too (``"Color.RED"`` for a member of a ``(str, Enum)``);
+    see :func:`_refuse_non_text` for what is refused."""
+    _refuse_non_text(value, what)
+    return str(value)
+
+
+def key_text(value: object, what: str) -> str:
+    """A journal key (a scope, a run id) as stored: a ``str`` as it is (a subclass, such
+    as an enum of strings, by its string value), a number or a UUID as ``str()`` gives
+    it; see :func:`_refuse_non_text` for what is refused."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    _refuse_non_text(value, what)
     return str(value)
 
 

@@ -55,8 +55,8 @@ from agentcheck.backends.base import (
     Query,
     Rows,
     batch,
+    id_text,
     in_list,
-    key_text,
     migrate,
     pair_list,
     schema_version,
@@ -269,7 +269,7 @@ def config_keys(
     conf = _configurable(config, what)
     if thread and "thread_id" not in conf:
         raise ValueError(f"{what} names no thread: its 'configurable' has no thread_id")
-    thread_id = key_text(conf["thread_id"], "thread_id") if "thread_id" in conf else ""
+    thread_id = id_text(conf["thread_id"], "thread_id") if "thread_id" in conf else ""
     ns = conf.get("checkpoint_ns")
     if ns is None:
         ns = ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from agentcheck.backends.base import OnCommit, Operation, Query, in_list, key_text
+from agentcheck.backends.base import OnCommit, Operation, Query, id_text, in_list
 from agentcheck.savers._core import _EMPTY, INLINE_KEY, SaverCore, _chunks
 from agentcheck.savers._deltas import BASES_KEY, DELTA
 from agentcheck.savers._runs import OUTSIDE_EDITS
@@ -28,7 +28,7 @@ def _id_list(ids: Sequence[str], what: str) -> list[str]:
         )
     if not isinstance(ids, Iterable):
         raise TypeError(f"{what} must be a list of ids, not {type(ids).__name__}")
-    return [key_text(i, f"each of {what}") for i in ids]
+    return [id_text(i, f"each of {what}") for i in ids]
 
 
 class RetentionCore(SaverCore):
@@ -51,7 +51,7 @@ class RetentionCore(SaverCore):
     def _delete_thread(self, thread_id: str) -> Operation[None]:
         """Everything of the thread: its checkpoints, values, writes, index terms, and its
         journal (runs, events, ledger steps: tool arguments and results too)."""
-        thread_id = key_text(thread_id, "thread_id")
+        thread_id = id_text(thread_id, "thread_id")
         self.list_deltas.clear_thread(thread_id)
         yield from self._lock_threads(self.sql.LOCK_THREAD_DELETION, [thread_id])
         # The run's row before the values: a put that ends or starts the run updates that
@@ -129,8 +129,8 @@ class RetentionCore(SaverCore):
         return None
 
     def _copy_thread(self, source_thread_id: str, target_thread_id: str) -> Operation[None]:
-        source = key_text(source_thread_id, "source_thread_id")
-        target = key_text(target_thread_id, "target_thread_id")
+        source = id_text(source_thread_id, "source_thread_id")
+        target = id_text(target_thread_id, "target_thread_id")
         if self.sql.PENDING_TERMS:
             yield Query(self.sql.DELETE_ORPHAN_PENDING_TERMS, (target,))
         for statement in self.sql.COPY_THREAD_BEFORE:  # before the checkpoints they follow
