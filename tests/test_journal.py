@@ -9,7 +9,10 @@ savers through the async one (``ainvoke``, ``aruns``, ``arun_op``...).
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import operator
+import pickle
 import signal
 import threading
 import time
@@ -2515,6 +2518,47 @@ async def test_a_damaged_run_fails_where_it_is_read_not_every_listing(
     with pytest.raises(CorruptDataError, match=r"the payload of event \d+ of run 'run-b'"):
         tool_event.payload  # noqa: B018
     assert [e.payload for e in events["run-c"] if e.kind == "tool"] == [["run-c"]]
+
+
+@parametrize_kinds
+async def test_journal_rows_decoded_when_read_are_still_plain_dataclasses(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """Runs, events and steps decode their payloads when read (so that one damaged row
+    does not fail a whole listing). Their first form of it (private loader fields)
+    broke pickling, left the payloads out of dataclasses.asdict, repr and equality (two
+    runs of different metadata compared equal). Those see the decoded values again,
+    and repr shows a damaged payload instead of raising."""
+    journal = saver.journal
+    await call(journal, "start_run", kind, "r1", framework="custom", metadata={"u": "alice"})
+    await call(journal, "start_run", kind, "r2", framework="custom", metadata={"u": "mallory"})
+    await call(journal, "append", kind, EventSpec("r1", "tool", "end", payload=[1, (2, 3)]))
+    await run_op(journal, kind, claim_op(journal, "s", "k1", "me", args={"amount": 5}))
+    await run_op(
+        journal, kind, lambda: journal.ops.complete("s", "k1", owner="me", result=7, event=None)
+    )
+    runs = {r.run_id: r for r in await call(journal, "runs", kind)}
+    (event,) = [e for e in await call(journal, "events", kind, "r1") if e.kind == "tool"]
+    (step,) = await call(journal, "steps", kind, scope="s")
+    for row, name, value in (
+        (runs["r1"], "metadata", {"u": "alice"}),
+        (event, "payload", [1, (2, 3)]),
+        (step, "args", {"amount": 5}),
+        (step, "result", 7),
+    ):
+        assert pickle.loads(pickle.dumps(row)) == row
+        assert copy.deepcopy(row) == row
+        assert dataclasses.asdict(row)[name] == value
+        assert f"{name}={value!r}" in repr(row)
+    assert runs["r1"] != runs["r2"]
+    assert dataclasses.replace(runs["r1"], run_id="r2") != runs["r2"]  # metadata differs
+
+    damage = "UPDATE agentcheck_runs SET metadata = ? WHERE run_id = 'r2'"
+    raw_sql(kind, **db, sql=damage, params=(b"\xc1",))
+    (damaged,) = [r for r in await call(journal, "runs", kind) if r.run_id == "r2"]
+    assert "metadata=<unreadable: cannot read the metadata of run 'r2'" in repr(damaged)
+    with pytest.raises(CorruptDataError, match="the metadata of run 'r2'"):
+        pickle.dumps(damaged)
 
 
 _DAMAGES = {

@@ -19,9 +19,8 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, get_args
 
 from agentcheck._errors import CorruptDataError, UnsafeTypeError
@@ -145,8 +144,64 @@ def owner_alive(owner: str) -> bool:
     return len(parts) < 4 or parts[3] == started
 
 
-@dataclass(frozen=True)
-class Run:
+def _none() -> Any:
+    # (A default factory, not a default: a default would be a class attribute, found
+    # before _DecodedWhenRead.__getattr__ is asked.)
+    return None
+
+
+R = TypeVar("R", bound="_DecodedWhenRead")
+
+
+class _DecodedWhenRead:
+    """Base of the journal's rows, whose stored payloads (a step's arguments and result,
+    a run's metadata, an event's payload) are decoded when first read: a claim looks at
+    a step's status and most of the time never needs them, and one damaged row fails
+    only where it is read, not every listing it is in (CorruptDataError naming it).
+
+    Otherwise they are plain frozen dataclasses: equality, copies, pickling and
+    ``dataclasses.asdict`` see the decoded values; ``repr`` shows an unreadable one as
+    such instead of raising."""
+
+    @classmethod
+    def _stored(cls: type[R], decoders: Mapping[str, Callable[[], Any]], **fields: Any) -> R:
+        """A row whose fields named in ``decoders`` are decoded by them when read."""
+        row = cls(**fields)
+        state = row.__dict__
+        for name in decoders:
+            del state[name]  # so that a read asks __getattr__
+        state["_decoders"] = decoders
+        return row
+
+    if not TYPE_CHECKING:  # (for mypy, the fields are plain attributes)
+
+        def __getattr__(self, name: str) -> Any:
+            decode = self.__dict__.get("_decoders", {}).get(name)
+            if decode is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            value = decode()
+            self.__dict__[name] = value
+            return value
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k != "_decoders"}
+        for name in self.__dict__.get("_decoders", ()):
+            state[name] = getattr(self, name)
+        return state
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in fields(cast(Any, self)):
+            try:
+                shown = repr(getattr(self, f.name))
+            except CorruptDataError as exc:
+                shown = f"<unreadable: {exc}>"
+            parts.append(f"{f.name}={shown}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+
+@dataclass(frozen=True, repr=False)
+class Run(_DecodedWhenRead):
     """A row of ``agentcheck_runs``."""
 
     run_id: str
@@ -161,18 +216,11 @@ class Run:
     updated_at: str
     ended_at: str | None
     error: str | None
-    # Decoded when first read: one damaged row then fails only where it is read, not
-    # every listing of runs it is in.
-    _metadata: Callable[[], Any] = field(repr=False, compare=False)
-
-    @cached_property
-    def metadata(self) -> Any:
-        """The run's metadata, as given to start_run."""
-        return self._metadata()
+    metadata: Any = field(default_factory=_none)  # as given to start_run
 
 
-@dataclass(frozen=True)
-class Event:
+@dataclass(frozen=True, repr=False)
+class Event(_DecodedWhenRead):
     """A row of the append-only ``agentcheck_events`` log."""
 
     seq: int
@@ -187,17 +235,11 @@ class Event:
     output_tokens: int | None
     cost: float | None
     error: str | None
-    # Decoded when first read (see Run).
-    _payload: Callable[[], Any] = field(repr=False, compare=False)
-
-    @cached_property
-    def payload(self) -> Any:
-        """The event's payload (a call's result, a run's outcome...), or None."""
-        return self._payload()
+    payload: Any = field(default_factory=_none)  # a call's result, a run's outcome...
 
 
-@dataclass(frozen=True)
-class Step:
+@dataclass(frozen=True, repr=False)
+class Step(_DecodedWhenRead):
     """A row of the ``agentcheck_steps`` ledger."""
 
     scope: str
@@ -215,20 +257,8 @@ class Step:
     error: str | None
     # How many interrupt() calls of its task the call made (LangGraph), when completed.
     interrupts: int
-    # Arguments and result are decoded when first read: a claim looks at a step's status,
-    # and most of the time never needs them.
-    _args: Callable[[], Any] = field(repr=False, compare=False)
-    _result: Callable[[], Any] = field(repr=False, compare=False)
-
-    @cached_property
-    def args(self) -> Any:
-        """The call's recorded arguments."""
-        return self._args()
-
-    @cached_property
-    def result(self) -> Any:
-        """The call's recorded result (None unless completed)."""
-        return self._result()
+    args: Any = field(default_factory=_none)  # the call's recorded arguments
+    result: Any = field(default_factory=_none)  # its recorded result (None unless completed)
 
     @property
     def outcome_unknown(self) -> bool:
@@ -319,7 +349,12 @@ class JournalOps:
         (scope, key, run_id, kind, name, effect, status, idem, attempts, owner, started,
          finished, args_type, args, result_type, result, error, interrupts) = row  # fmt: skip
         where = f"step {key!r} in scope {scope!r}"
-        return Step(
+        decoders = {
+            "args": lambda: self.load(args_type, args, f"the arguments of {where}"),
+            "result": lambda: self.load(result_type, result, f"the result of {where}"),
+        }
+        return Step._stored(
+            decoders,
             scope=scope,
             step_key=key,
             run_id=run_id,
@@ -334,14 +369,14 @@ class JournalOps:
             finished_at=finished,
             error=error,
             interrupts=self._count(interrupts, f"the interrupts of {where}"),
-            _args=lambda: self.load(args_type, args, f"the arguments of {where}"),
-            _result=lambda: self.load(result_type, result, f"the result of {where}"),
         )
 
     def _run(self, row: Sequence[Any]) -> Run:
         (run_id, framework, name, thread_id, status, attempt, owner, lease, created, updated,
          ended, meta_type, meta, error) = row  # fmt: skip
-        return Run(
+        what = f"the metadata of run {run_id!r}"
+        return Run._stored(
+            {"metadata": lambda: self.load(meta_type, meta, what)},
             run_id=run_id,
             framework=framework,
             name=name,
@@ -354,13 +389,14 @@ class JournalOps:
             updated_at=updated,
             ended_at=ended,
             error=error,
-            _metadata=lambda: self.load(meta_type, meta, f"the metadata of run {run_id!r}"),
         )
 
     def _event(self, row: Sequence[Any]) -> Event:
         (seq, run_id, ts, kind, phase, name, key, parent, tin, tout, cost, ptype, payload,
          error) = row  # fmt: skip
-        return Event(
+        what = f"the payload of event {seq} of run {run_id!r}"
+        return Event._stored(
+            {"payload": lambda: self.load(ptype, payload, what)},
             seq=self._count(seq, f"the seq of an event of run {run_id!r}"),
             run_id=run_id,
             ts=ts,
@@ -373,9 +409,6 @@ class JournalOps:
             output_tokens=tout,
             cost=cost,
             error=error,
-            _payload=lambda: self.load(
-                ptype, payload, f"the payload of event {seq} of run {run_id!r}"
-            ),
         )
 
     # -- writes -----------------------------------------------------------------------
