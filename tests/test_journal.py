@@ -16,6 +16,7 @@ import pickle
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -2553,6 +2554,9 @@ async def test_journal_rows_decoded_when_read_are_still_plain_dataclasses(
     assert runs["r1"] != runs["r2"]
     assert dataclasses.replace(runs["r1"], run_id="r2") != runs["r2"]  # metadata differs
 
+    # Hashable as before (the payloads, a dict or a list, are left out of the hash).
+    assert len({runs["r1"], runs["r2"], event, step, copy.copy(step)}) == 4
+
     damage = "UPDATE agentcheck_runs SET metadata = ? WHERE run_id = 'r2'"
     raw_sql(kind, **db, sql=damage, params=(b"\xc1",))
     (damaged,) = [r for r in await call(journal, "runs", kind) if r.run_id == "r2"]
@@ -2662,3 +2666,56 @@ async def test_status_filters_take_one_status_or_several_and_refuse_others(
         await call(journal, "runs", kind, limit=-1)
     with pytest.raises(TypeError, match=r"events\(after=...\) must be an event's seq"):
         await call(journal, "events", kind, "r1", after="x")
+
+
+@parametrize_kinds
+async def test_a_payload_read_first_by_two_threads_is_decoded_once(
+    kind: str, saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two threads reading a step's result for the first time at once decoded it twice
+    and got two objects, the step keeping the last one. They now get the one value."""
+    journal = saver.journal
+    await run_op(journal, kind, claim_op(journal, "s", "k1", "me"))
+    await run_op(
+        journal,
+        kind,
+        lambda: journal.ops.complete("s", "k1", owner="me", result={"n": 1}, event=None),
+    )
+    (step,) = await call(journal, "steps", kind, scope="s")
+    load, decodes = journal.ops.load, []
+
+    def slow_load(*args: Any) -> Any:
+        decodes.append(1)
+        time.sleep(0.2)  # both threads ask while the first decodes
+        return load(*args)
+
+    monkeypatch.setattr(journal.ops, "load", slow_load)
+    seen: list[Any] = []
+    readers = [threading.Thread(target=lambda: seen.append(step.result)) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    assert decodes == [1]
+    assert seen[0] is seen[1] is step.result
+    assert step.result == {"n": 1}
+
+
+@parametrize_kinds
+async def test_the_journal_api_takes_any_id_the_savers_take(kind: str, saver: Any) -> None:
+    """get_run, start_run, set_run_status and append passed a run id as it was to the
+    driver: a UUID was an SQLite binding error, an int or a UUID an operator error on
+    PostgreSQL (text = smallint), where events() and steps() took them as their text.
+    Every run id and scope is now stored and looked up as str() of it, as the savers
+    store a thread id (a LangGraph run's id)."""
+    journal = saver.journal
+    for run_id in (42, uuid.UUID(int=9), "plain"):
+        await call(journal, "start_run", kind, run_id, framework="custom", thread_id=run_id)
+        await call(journal, "append", kind, EventSpec(run_id, "tool", "end", payload=1))
+        await call(journal, "set_run_status", kind, run_id, "failed", error="boom")
+        run = await call(journal, "get_run", kind, run_id)
+        assert (run.run_id, run.thread_id, run.status) == (str(run_id), str(run_id), "failed")
+        kinds = [e.kind for e in await call(journal, "events", kind, run_id)]
+        assert kinds == ["run", "tool", "run"]
+    with pytest.raises(TypeError, match="run_id must be text"):
+        await call(journal, "get_run", kind, None)

@@ -13,9 +13,11 @@ It lives in the same database as the checkpoints and is reached through a saver:
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -151,6 +153,7 @@ def _none() -> Any:
 
 
 R = TypeVar("R", bound="_DecodedWhenRead")
+_DECODING = threading.RLock()  # (RLock: a decoder may read another row's payload)
 
 
 class _DecodedWhenRead:
@@ -161,7 +164,8 @@ class _DecodedWhenRead:
 
     Otherwise they are plain frozen dataclasses: equality, copies, pickling and
     ``dataclasses.asdict`` see the decoded values; ``repr`` shows an unreadable one as
-    such instead of raising."""
+    such instead of raising. The hash leaves the payloads out (a dict cannot be hashed,
+    and hashing would decode them): rows go in sets and dicts as before."""
 
     @classmethod
     def _stored(cls: type[R], decoders: Mapping[str, Callable[[], Any]], **fields: Any) -> R:
@@ -179,9 +183,11 @@ class _DecodedWhenRead:
             decode = self.__dict__.get("_decoders", {}).get(name)
             if decode is None:
                 raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            value = decode()
-            self.__dict__[name] = value
-            return value
+            with _DECODING:  # two threads reading it first get one value, decoded once
+                state = self.__dict__
+                if name not in state:
+                    state[name] = decode()
+                return state[name]
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k != "_decoders"}
@@ -216,7 +222,7 @@ class Run(_DecodedWhenRead):
     updated_at: str
     ended_at: str | None
     error: str | None
-    metadata: Any = field(default_factory=_none)  # as given to start_run
+    metadata: Any = field(default_factory=_none, hash=False)  # as given to start_run
 
 
 @dataclass(frozen=True, repr=False)
@@ -235,7 +241,7 @@ class Event(_DecodedWhenRead):
     output_tokens: int | None
     cost: float | None
     error: str | None
-    payload: Any = field(default_factory=_none)  # a call's result, a run's outcome...
+    payload: Any = field(default_factory=_none, hash=False)  # a call's result, a run's outcome...
 
 
 @dataclass(frozen=True, repr=False)
@@ -257,8 +263,9 @@ class Step(_DecodedWhenRead):
     error: str | None
     # How many interrupt() calls of its task the call made (LangGraph), when completed.
     interrupts: int
-    args: Any = field(default_factory=_none)  # the call's recorded arguments
-    result: Any = field(default_factory=_none)  # its recorded result (None unless completed)
+    args: Any = field(default_factory=_none, hash=False)  # the call's recorded arguments
+    # Its recorded result (None unless completed).
+    result: Any = field(default_factory=_none, hash=False)
 
     @property
     def outcome_unknown(self) -> bool:
@@ -415,6 +422,8 @@ class JournalOps:
 
     def append(self, event: EventSpec) -> Operation[int]:
         """Append an event; returns its ``seq``."""
+        if type(event.run_id) is not str:
+            event = dataclasses.replace(event, run_id=key_text(event.run_id, "run_id"))
         row = self._event_row(event)
         rows = yield Query(self.sql.INSERT_EVENT + " RETURNING seq", row, fetch=True)
         return int(rows[0][0])
@@ -468,6 +477,9 @@ class JournalOps:
         mtype, meta = self.dump(metadata)
         ts = now()
         owner = owner or self.core.owner
+        run_id = key_text(run_id, "run_id")
+        if thread_id is not None:
+            thread_id = key_text(thread_id, "thread_id")
         params = (run_id, framework, name, thread_id, owner, lease_until, ts, ts, mtype, meta)
         event = EventSpec(run_id, "run", "start", name=name)
         if self.sql.START_RUN_LOGGED is not None:
@@ -517,6 +529,7 @@ class JournalOps:
     ) -> Operation[None]:
         """Record a run's new status and an event saying so (``succeeded``: see
         :meth:`mark_succeeded`)."""
+        run_id = key_text(run_id, "run_id")
         if status == "succeeded":
             yield from self.mark_succeeded(run_id)
             return None
@@ -667,7 +680,7 @@ class JournalOps:
         return self._step(rows[0]) if rows else None
 
     def get_run(self, run_id: str) -> Operation[Run | None]:
-        rows = yield Query(self.sql.SELECT_RUN, (run_id,), fetch=True)
+        rows = yield Query(self.sql.SELECT_RUN, (key_text(run_id, "run_id"),), fetch=True)
         return self._run(rows[0]) if rows else None
 
     def runs(

@@ -2081,6 +2081,11 @@ async def test_a_thread_id_of_a_str_enum_is_one_thread_everywhere(
         state = graph.get_state(cfg)
     assert state.values["out"][-1] == "edited"
     assert [s.scope for s in await call(saver.journal, "steps", kind)] == ["ThreadName.MAIN"]
+    # The journal's API names the thread's run and ledger by the same id as the graph.
+    run = await call(saver.journal, "get_run", kind, ThreadName.MAIN)
+    assert (run.run_id, run.status) == ("ThreadName.MAIN", "succeeded")
+    assert len(await call(saver.journal, "steps", kind, scope=ThreadName.MAIN)) == 1
+    assert await call(saver.journal, "events", kind, ThreadName.MAIN)
     if is_async(kind):
         await saver.adelete_thread(ThreadName.MAIN)
     else:
@@ -2946,13 +2951,18 @@ async def test_an_effect_scope_given_as_a_number_is_its_text(kind: str, saver: A
     assert await call(saver.journal, "steps", kind, scope=42, run_id=7) == [step]
     assert await call(saver.journal, "get_step", kind, 42, step.step_key) == step
 
-    # A string enum is its value, as the drivers store it (str() would give "Shop.EU").
+    # A member of a (str, Enum) is str() of it, as LangGraph names a thread id (and as
+    # the savers store one): one rule for every id, so that the journal of a thread is
+    # found by the id given to the graph.
     class Shop(str, enum.Enum):
         EU = "shop-eu"
 
     await pay(Shop.EU, 8)
-    assert await pay("shop-eu", 9) == {"charged": 8, "run": 2}
+    assert await pay(str(Shop.EU), 9) == {"charged": 8, "run": 2}
     assert calls == [5, 8]
+    assert [s.scope for s in await call(saver.journal, "steps", kind, scope=Shop.EU)] == [
+        str(Shop.EU)
+    ]
     # None and bytes would each become one key shared by every caller: refused.
     for bad in (None, b"order-1"):
         with pytest.raises(TypeError, match="scope must be text"):

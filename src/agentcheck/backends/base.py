@@ -66,21 +66,16 @@ def _refuse_non_text(value: object, what: str) -> None:
 
 
 def id_text(value: object, what: str) -> str:
-    """A thread id (or a run id of checkpoint metadata) as stored: ``str(value)``, the
-    text LangGraph makes of it too (``"Color.RED"`` for a member of a ``(str, Enum)``);
-    see :func:`_refuse_non_text` for what is refused."""
+    """An id (a thread id, a run id, a ledger scope) as stored: ``str(value)``, the text
+    LangGraph makes of a thread id too (``"Color.RED"`` for a member of a ``(str, Enum)``,
+    ``"red"`` for a ``StrEnum``'s); see :func:`_refuse_non_text` for what is refused."""
     _refuse_non_text(value, what)
     return str(value)
 
 
-def key_text(value: object, what: str) -> str:
-    """A journal key (a scope, a run id) as stored: a ``str`` as it is (a subclass, such
-    as an enum of strings, by its string value), a number or a UUID as ``str()`` gives
-    it; see :func:`_refuse_non_text` for what is refused."""
-    if isinstance(value, str):
-        return str.__str__(value)
-    _refuse_non_text(value, what)
-    return str(value)
+# Journal keys (scopes, run ids) follow the same rule: a LangGraph run's id and its
+# ledger scope are its thread id, and one id must name one thing everywhere.
+key_text = id_text
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,
