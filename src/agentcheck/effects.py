@@ -151,6 +151,12 @@ class CallContext:
     stored_first: tuple[str, str, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        # As the journal stores them (a framework's resolver may give a UUID or an enum).
+        self.scope = key_text(self.scope, "scope")
+        if self.run_id is not None:
+            self.run_id = key_text(self.run_id, "run_id")
+
     def take_ordinal(self, kind: str, name: str) -> tuple[str, int]:
         """The next call of ``name`` here: its call id (if any) and its ordinal. Taken as
         the call starts, before any I/O, so that calls started one after another (in one

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -153,7 +152,6 @@ def _none() -> Any:
 
 
 R = TypeVar("R", bound="_DecodedWhenRead")
-_DECODING = threading.RLock()  # (RLock: a decoder may read another row's payload)
 
 
 class _DecodedWhenRead:
@@ -183,11 +181,11 @@ class _DecodedWhenRead:
             decode = self.__dict__.get("_decoders", {}).get(name)
             if decode is None:
                 raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            with _DECODING:  # two threads reading it first get one value, decoded once
-                state = self.__dict__
-                if name not in state:
-                    state[name] = decode()
-                return state[name]
+            # Decoded outside any lock (a decoder may wait for an event loop, or read
+            # another row); two threads reading it first at once may both decode it,
+            # and both get the value stored first.
+            value = decode()
+            return self.__dict__.setdefault(name, value)
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k != "_decoders"}

@@ -2931,6 +2931,25 @@ async def test_with_a_non_agentcheck_saver_every_call_runs_with_one_warning(
     assert len(unprotected_warnings(caplog, charge.__name__)) == 1
 
 
+@pytest.mark.parametrize("kind", ["sqlite"])
+async def test_a_call_context_of_a_framework_names_its_scope_and_run_as_text(
+    kind: str, saver: Any
+) -> None:
+    """A framework's resolver may give its CallContext a UUID or an enum member: they
+    went to the database as they were (a UUID an SQLite binding error; an enum member
+    stored by its value while its run was started under str() of it, one id naming
+    two runs). They are now the text every other id is."""
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    scope = uuid.UUID(int=5)
+    ctx = CallContext(journal=saver.journal, scope=scope, key_prefix="p", run_id=Color.RED)  # type: ignore[arg-type]
+    assert (ctx.scope, ctx.run_id) == (str(scope), "Color.RED")
+    with pytest.raises(TypeError, match="scope must be text"):
+        CallContext(journal=saver.journal, scope=None, key_prefix="p")  # type: ignore[arg-type]
+
+
 @parametrize_kinds
 async def test_an_effect_scope_given_as_a_number_is_its_text(kind: str, saver: Any) -> None:
     """An order number given as an int names the same scope as its text: the step is
