@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal, TypeVar, cast, overload
 
 from agentcheck._errors import AgentcheckError
-from agentcheck.backends.base import key_text
+from agentcheck.backends.base import id_text
 from agentcheck.journal import (
     Claim,
     Effect,
@@ -153,9 +153,9 @@ class CallContext:
 
     def __post_init__(self) -> None:
         # As the journal stores them (a framework's resolver may give a UUID or an enum).
-        self.scope = key_text(self.scope, "scope")
+        self.scope = id_text(self.scope, "scope")
         if self.run_id is not None:
-            self.run_id = key_text(self.run_id, "run_id")
+            self.run_id = id_text(self.run_id, "run_id")
 
     def take_ordinal(self, kind: str, name: str) -> tuple[str, int]:
         """The next call of ``name`` here: its call id (if any) and its ordinal. Taken as
@@ -223,8 +223,8 @@ def effect_scope(journal: Journal, scope: str, *, run_id: str | None = None) -> 
     are stored as text: an order number or a UUID as its text (``42`` and ``"42"`` are
     one scope); None or bytes raise ``TypeError``.
     """
-    run_id = None if run_id is None else key_text(run_id, "run_id")
-    scope = key_text(scope, "effect_scope's scope")
+    run_id = None if run_id is None else id_text(run_id, "run_id")
+    scope = id_text(scope, "effect_scope's scope")
     context = CallContext(journal=journal, scope=scope, key_prefix="", run_id=run_id)
     token = _explicit.set(context)
     try:

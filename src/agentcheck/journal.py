@@ -13,14 +13,13 @@ It lives in the same database as the checkpoints and is reached through a saver:
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import functools
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, get_args
 
@@ -31,8 +30,8 @@ from agentcheck.backends.base import (
     Operation,
     Query,
     Rows,
+    id_text,
     in_list,
-    key_text,
 )
 from agentcheck.serde import SafeSerializer
 
@@ -63,7 +62,7 @@ def _limit(value: Any, what: str) -> int:
     return value
 
 
-def statuses(value: str | Sequence[str], allowed: tuple[str, ...], what: str) -> list[str]:
+def _statuses(value: str | Sequence[str], allowed: tuple[str, ...], what: str) -> list[str]:
     """A status filter: one status, or several (a list, a tuple, a set), each one of
     ``allowed``; ValueError or TypeError naming ``what`` otherwise. (A string taken as
     a sequence would filter by its letters, and match nothing without a word.)"""
@@ -421,7 +420,7 @@ class JournalOps:
     def append(self, event: EventSpec) -> Operation[int]:
         """Append an event; returns its ``seq``."""
         if type(event.run_id) is not str:
-            event = dataclasses.replace(event, run_id=key_text(event.run_id, "run_id"))
+            event = replace(event, run_id=id_text(event.run_id, "run_id"))
         row = self._event_row(event)
         rows = yield Query(self.sql.INSERT_EVENT + " RETURNING seq", row, fetch=True)
         return int(rows[0][0])
@@ -475,9 +474,9 @@ class JournalOps:
         mtype, meta = self.dump(metadata)
         ts = now()
         owner = owner or self.core.owner
-        run_id = key_text(run_id, "run_id")
+        run_id = id_text(run_id, "run_id")
         if thread_id is not None:
-            thread_id = key_text(thread_id, "thread_id")
+            thread_id = id_text(thread_id, "thread_id")
         params = (run_id, framework, name, thread_id, owner, lease_until, ts, ts, mtype, meta)
         event = EventSpec(run_id, "run", "start", name=name)
         if self.sql.START_RUN_LOGGED is not None:
@@ -527,7 +526,7 @@ class JournalOps:
     ) -> Operation[None]:
         """Record a run's new status and an event saying so (``succeeded``: see
         :meth:`mark_succeeded`)."""
-        run_id = key_text(run_id, "run_id")
+        run_id = id_text(run_id, "run_id")
         if status == "succeeded":
             yield from self.mark_succeeded(run_id)
             return None
@@ -673,12 +672,12 @@ class JournalOps:
     # -- reads ------------------------------------------------------------------------
 
     def get_step(self, scope: str, step_key: str) -> Operation[Step | None]:
-        scope = key_text(scope, "scope")
+        scope = id_text(scope, "scope")
         rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         return self._step(rows[0]) if rows else None
 
     def get_run(self, run_id: str) -> Operation[Run | None]:
-        rows = yield Query(self.sql.SELECT_RUN, (key_text(run_id, "run_id"),), fetch=True)
+        rows = yield Query(self.sql.SELECT_RUN, (id_text(run_id, "run_id"),), fetch=True)
         return self._run(rows[0]) if rows else None
 
     def runs(
@@ -691,7 +690,7 @@ class JournalOps:
         where: list[str] = []
         params: list[Any] = []
         if status is not None:
-            wanted = statuses(status, get_args(RunStatus), "runs(status=...)")
+            wanted = _statuses(status, get_args(RunStatus), "runs(status=...)")
             where.append(f"status IN ({in_list(len(wanted))})" if wanted else "1 = 0")
             params.extend(wanted)
         if framework is not None:
@@ -710,7 +709,7 @@ class JournalOps:
     def events(self, run_id: str, *, after: int = 0) -> Operation[list[Event]]:
         if type(after) is not int:
             raise TypeError(f"events(after=...) must be an event's seq (an int), not {after!r}")
-        params = (key_text(run_id, "run_id"), after)
+        params = (id_text(run_id, "run_id"), after)
         rows = yield Query(self.sql.SELECT_EVENTS, params, fetch=True)
         return [self._event(r) for r in rows]
 
@@ -725,12 +724,12 @@ class JournalOps:
         params: list[Any] = []
         if run_id is not None:
             where.append("run_id = ?")
-            params.append(key_text(run_id, "run_id"))
+            params.append(id_text(run_id, "run_id"))
         if scope is not None:
             where.append("scope = ?")
-            params.append(key_text(scope, "scope"))
+            params.append(id_text(scope, "scope"))
         if status is not None:
-            wanted = statuses(status, get_args(StepStatus), "steps(status=...)")
+            wanted = _statuses(status, get_args(StepStatus), "steps(status=...)")
             where.append(f"status IN ({in_list(len(wanted))})" if wanted else "1 = 0")
             params.extend(wanted)
         sql = self.sql.SELECT_STEPS

@@ -35,7 +35,6 @@ __all__ = [
     "get_tuple_statements",
     "id_text",
     "in_list",
-    "key_text",
     "migrate",
 ]
 
@@ -66,16 +65,12 @@ def _refuse_non_text(value: object, what: str) -> None:
 
 
 def id_text(value: object, what: str) -> str:
-    """An id (a thread id, a run id, a ledger scope) as stored: ``str(value)``, the text
+    """An id (a thread id, a run id, a ledger scope: one rule for all, since a LangGraph
+    run's id and its ledger scope are its thread id) as stored: ``str(value)``, the text
     LangGraph makes of a thread id too (``"Color.RED"`` for a member of a ``(str, Enum)``,
     ``"red"`` for a ``StrEnum``'s); see :func:`_refuse_non_text` for what is refused."""
     _refuse_non_text(value, what)
     return str(value)
-
-
-# Journal keys (scopes, run ids) follow the same rule: a LangGraph run's id and its
-# ledger scope are its thread id, and one id must name one thing everywhere.
-key_text = id_text
 
 
 # Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,

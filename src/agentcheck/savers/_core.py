@@ -169,10 +169,9 @@ class ListPages:
 
     def __init__(self, limit: int | None) -> None:
         self.remaining = limit
-        self.size = self.FIRST if limit is None else min(limit, self.MAX)
+        self.size, self.done = self.FIRST, False  # (set from the limit by reads)
         self.until: str | None = None
         self.seen: set[tuple[str, str, str]] = set()  # handed out, of id ``until``
-        self.done = limit is not None and limit <= 0
         self.asked = 0  # rows the page being read asks for
         self.terms: list[str] | None = None  # the filter's, rarest first (see _list)
         # A damaged checkpoint met in the page being read: raised once the checkpoints
@@ -187,14 +186,17 @@ class ListPages:
         before: RunnableConfig | None,
     ) -> Iterator[Callable[[], Operation[list[CheckpointTuple]]]]:
         """The operations that read the pages (``SaverCore._list``), one after another:
-        each page's tuples go through :meth:`take` before the next is asked for."""
+        each page's tuples go through :meth:`take` before the next is asked for. The
+        list's arguments are checked first; a damaged checkpoint's error is raised once
+        the newer ones are handed out."""
+        _check_list_args(config, filter, before, self.remaining)
+        limit = self.remaining
+        self.size = self.FIRST if limit is None else min(limit, self.MAX)
+        self.done = limit is not None and limit <= 0
         while not self.done:
             size = self.size if self.remaining is None else min(self.size, self.remaining)
             self.asked = size + len(self.seen)
             yield partial(list_page, config, filter, before, self.asked, self)
-
-    def raise_error(self) -> None:
-        """Raise the error of a damaged checkpoint met in the page just handed out."""
         if self.error is not None:
             raise self.error
 
@@ -283,7 +285,7 @@ def config_keys(
     return thread_id, str.__str__(ns), str.__str__(checkpoint_id) if checkpoint_id else None
 
 
-def check_list_args(config: Any, filter: Any, before: Any, limit: Any) -> None:
+def _check_list_args(config: Any, filter: Any, before: Any, limit: Any) -> None:
     """The arguments of ``list``, checked before anything is read."""
     if config is not None:
         config_keys(config, "list's config", thread=False)
@@ -1212,8 +1214,8 @@ class SaverCore(RunJournal, BaseCheckpointSaver[str]):
         where: list[str] = []
         params: list[Any] = []
         if config is not None:
-            conf = _configurable(config, "list's config")
             thread_id, ns, checkpoint_id = config_keys(config, "list's config", thread=False)
+            conf = config["configurable"]
             if "thread_id" in conf:
                 where.append(f"{alias}.thread_id = ?")
                 params.append(thread_id)

@@ -30,7 +30,7 @@ from langgraph.checkpoint.base import (
 
 from agentcheck._errors import SchemaVersionError
 from agentcheck.backends.base import Operation
-from agentcheck.savers._core import ListPages, check_list_args
+from agentcheck.savers._core import ListPages
 from agentcheck.savers._retention import RetentionCore
 
 __all__ = ["AsyncSaver", "SyncSaver"]
@@ -52,15 +52,11 @@ def _raise_if_read_only(exc: Exception) -> None:
         ) from exc
 
 
-def _stripe(thread_id: Any) -> int:
-    return hash(str(thread_id)) % _STRIPES
-
-
 def _stripe_of(config: Any) -> int:
     """The lock stripe of a config's thread (any, for a config that names none: the
     operation then refuses it, saying what is wrong)."""
     try:
-        return _stripe(config["configurable"]["thread_id"])
+        return hash(str(config["configurable"]["thread_id"])) % _STRIPES
     except (TypeError, KeyError):
         return 0
 
@@ -198,11 +194,9 @@ class SyncSaver(RetentionCore):
     ) -> Iterator[CheckpointTuple]:
         """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first
         (read a page at a time, see :class:`~agentcheck.savers._core.ListPages`)."""
-        check_list_args(config, filter, before, limit)
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             yield from pages.take(self._call(read, False))
-            pages.raise_error()
 
     def put(
         self,
@@ -272,12 +266,10 @@ class SyncSaver(RetentionCore):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         """The same from async code: each page read in a worker thread."""
-        check_list_args(config, filter, before, limit)
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             for item in pages.take(await _in_worker(self._call, read, False)):
                 yield item
-            pages.raise_error()
 
     async def aput(
         self,
@@ -414,12 +406,10 @@ class AsyncSaver(RetentionCore):
     ) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints matching ``config``, metadata ``filter`` and ``before``, newest first
         (read a page at a time, see :class:`~agentcheck.savers._core.ListPages`)."""
-        check_list_args(config, filter, before, limit)
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             for item in pages.take(await self._call(read, False)):
                 yield item
-            pages.raise_error()
 
     async def aput(
         self,
@@ -488,11 +478,9 @@ class AsyncSaver(RetentionCore):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        check_list_args(config, filter, before, limit)
         pages = ListPages(limit)
         for read in pages.reads(self._list, config, filter, before):
             yield from pages.take(self._sync(self._call(read, False)))
-            pages.raise_error()
 
     def put(
         self,
