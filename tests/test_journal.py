@@ -2521,6 +2521,42 @@ async def test_a_damaged_run_fails_where_it_is_read_not_every_listing(
     assert [e.payload for e in events["run-c"] if e.kind == "tool"] == [["run-c"]]
 
 
+@pytest.mark.parametrize("kind", [k for k in KINDS if not is_postgres(k)])
+async def test_a_damaged_count_fails_where_it_is_read_not_every_listing(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """A count damaged by hand (SQLite keeps any value in an INTEGER column; PostgreSQL
+    refuses the damage itself) made runs() and steps() raise for the whole listing: one
+    bad run hid every other one from a recovery worker. A count is now read as a
+    payload is: the listing holds every row, and the damaged field raises a
+    CorruptDataError naming its row when read."""
+    journal = saver.journal
+    for name in ("a", "b", "c"):
+        await call(journal, "start_run", kind, f"run-{name}", framework="custom")
+        await run_op(journal, kind, claim_op(journal, "s", f"k-{name}", "me", args={"n": name}))
+    raw_sql(kind, **db, sql="UPDATE agentcheck_runs SET attempt = 'x' WHERE run_id = 'run-b'")
+    damage = "UPDATE agentcheck_steps SET attempts = 'y', interrupts = 'z' WHERE step_key = 'k-b'"
+    raw_sql(kind, **db, sql=damage)
+
+    runs = {r.run_id: r for r in await call(journal, "runs", kind)}
+    assert sorted(runs) == ["run-a", "run-b", "run-c"]
+    assert (runs["run-a"].attempt, runs["run-c"].attempt) == (1, 1)
+    assert runs["run-b"].status == "running"
+    with pytest.raises(CorruptDataError, match="the attempt of run 'run-b': 'x' is not a count"):
+        runs["run-b"].attempt  # noqa: B018
+    assert "attempt=<unreadable: " in repr(runs["run-b"])
+    assert len(set(runs.values())) == 3  # hashable as before
+
+    steps = {s.step_key: s for s in await call(journal, "steps", kind, scope="s")}
+    assert sorted(steps) == ["k-a", "k-b", "k-c"]
+    assert [steps[k].attempts for k in ("k-a", "k-c")] == [1, 1]
+    assert steps["k-b"].args == {"n": "b"}
+    with pytest.raises(CorruptDataError, match=r"the attempts of step 'k-b' in scope 's'"):
+        steps["k-b"].attempts  # noqa: B018
+    with pytest.raises(CorruptDataError, match=r"the interrupts of step 'k-b'.*'z' is not"):
+        steps["k-b"].interrupts  # noqa: B018
+
+
 @parametrize_kinds
 async def test_journal_rows_decoded_when_read_are_still_plain_dataclasses(
     kind: str, saver: Any, db: dict[str, str]

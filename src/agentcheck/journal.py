@@ -155,13 +155,14 @@ R = TypeVar("R", bound="_DecodedWhenRead")
 
 class _DecodedWhenRead:
     """Base of the journal's rows, whose stored payloads (a step's arguments and result,
-    a run's metadata, an event's payload) are decoded when first read: a claim looks at
-    a step's status and most of the time never needs them, and one damaged row fails
-    only where it is read, not every listing it is in (CorruptDataError naming it).
+    a run's metadata, an event's payload) and counts (attempts, interrupts) are decoded
+    when first read: a claim looks at a step's status and most of the time never needs
+    them, and one damaged row fails only where it is read, not every listing it is in
+    (CorruptDataError naming it).
 
     Otherwise they are plain frozen dataclasses: equality, copies, pickling and
     ``dataclasses.asdict`` see the decoded values; ``repr`` shows an unreadable one as
-    such instead of raising. The hash leaves the payloads out (a dict cannot be hashed,
+    such instead of raising. The hash leaves those fields out (a dict cannot be hashed,
     and hashing would decode them): rows go in sets and dicts as before."""
 
     @classmethod
@@ -212,7 +213,7 @@ class Run(_DecodedWhenRead):
     name: str | None
     thread_id: str | None
     status: str
-    attempt: int
+    attempt: int = field(hash=False)  # (a count damaged by hand fails where it is read)
     owner: str | None
     lease_until: str | None
     created_at: str
@@ -253,13 +254,13 @@ class Step(_DecodedWhenRead):
     effect: str
     status: str
     idempotency_key: str
-    attempts: int
+    attempts: int = field(hash=False)  # (a count damaged by hand fails where it is read)
     owner: str
     started_at: str
     finished_at: str | None
     error: str | None
     # How many interrupt() calls of its task the call made (LangGraph), when completed.
-    interrupts: int
+    interrupts: int = field(hash=False)
     args: Any = field(default_factory=_none, hash=False)  # the call's recorded arguments
     # Its recorded result (None unless completed).
     result: Any = field(default_factory=_none, hash=False)
@@ -356,6 +357,8 @@ class JournalOps:
         decoders = {
             "args": lambda: self.load(args_type, args, f"the arguments of {where}"),
             "result": lambda: self.load(result_type, result, f"the result of {where}"),
+            "attempts": lambda: self._count(attempts, f"the attempts of {where}"),
+            "interrupts": lambda: self._count(interrupts, f"the interrupts of {where}"),
         }
         return Step._stored(
             decoders,
@@ -367,26 +370,30 @@ class JournalOps:
             effect=effect,
             status=status,
             idempotency_key=idem,
-            attempts=self._count(attempts, f"the attempts of {where}"),
+            attempts=None,
             owner=owner,
             started_at=started,
             finished_at=finished,
             error=error,
-            interrupts=self._count(interrupts, f"the interrupts of {where}"),
+            interrupts=None,
         )
 
     def _run(self, row: Sequence[Any]) -> Run:
         (run_id, framework, name, thread_id, status, attempt, owner, lease, created, updated,
          ended, meta_type, meta, error) = row  # fmt: skip
         what = f"the metadata of run {run_id!r}"
+        attempt_of = f"the attempt of run {run_id!r}"
         return Run._stored(
-            {"metadata": lambda: self.load(meta_type, meta, what)},
+            {
+                "metadata": lambda: self.load(meta_type, meta, what),
+                "attempt": lambda: self._count(attempt, attempt_of),
+            },
             run_id=run_id,
             framework=framework,
             name=name,
             thread_id=thread_id,
             status=status,
-            attempt=self._count(attempt, f"the attempt of run {run_id!r}"),
+            attempt=None,
             owner=owner,
             lease_until=lease,
             created_at=created,
