@@ -384,9 +384,20 @@ def protocol(
     tally = [0]
     outer = _asked.get()
     token = _asked.set(tally)
+    # Known as running before it claims anything: a call of the same step that finds
+    # the claim must find it here too (between the claim's commit and the protocol's
+    # next step, another task or thread may look), or it takes the claim for one cut
+    # short and runs the call a second time.
+    owner = new_owner()
+    done = threading.Event()
+    with _running_lock:
+        _running[owner] = done
     try:
-        return (yield from _protocol(spec, ctx, args, tally if counted else None, ordinal))
+        return (yield from _protocol(spec, ctx, args, tally if counted else None, ordinal, owner))
     finally:
+        with _running_lock:  # its outcome is recorded (or never will be): waiters look again
+            _running.pop(owner, None)
+        done.set()
         try:
             _asked.reset(token)
         except ValueError:  # closed from another context: the value dies with it
@@ -401,6 +412,7 @@ def _protocol(
     args: Any,
     asked: list[int] | None,
     ordinal: tuple[str, int] | None,
+    owner: str,
 ) -> Generator[Action, Any, tuple[Any, str]]:
     ops = ctx.journal.ops
     # Before the first I/O (finding a resumed task's prefix is one), which calls started
@@ -414,7 +426,6 @@ def _protocol(
     step_key = ctx.key_at(ordinal)
     key = idempotency_key_for(ctx.scope, step_key)
     run_id = ctx.run_id or ctx.scope
-    owner = new_owner()
 
     def event(phase: str, **kw: Any) -> EventSpec:
         kw.setdefault("name", spec.name)
@@ -563,39 +574,31 @@ def _protocol(
             # Someone else took the step between our look and our claim.
             raise ToolOutcomeUnknown(outcome)
 
-    done = threading.Event()
-    with _running_lock:
-        _running[owner] = done
     try:
-        try:
-            result = yield _Call(key)
-        except _pause_errors:
-            yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
-            raise
-        except Exception as exc:
-            # The call reported its own failure. (A cancellation or KeyboardInterrupt is
-            # not caught here: the call may have had its effect, so the step stays
-            # "started" and its outcome unknown.)
-            error = f"{type(exc).__name__}: {exc}"
-            yield _Db(
-                lambda: ops.fail(
-                    ctx.scope, step_key, owner=owner, error=error, event=event("error", error=error)
-                )
-            )
-            raise
-        tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
-        end = event("end", payload=result, input_tokens=tokens_in, output_tokens=tokens_out)
-        questions = asked[0] if asked else 0
+        result = yield _Call(key)
+    except _pause_errors:
+        yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
+        raise
+    except Exception as exc:
+        # The call reported its own failure. (A cancellation or KeyboardInterrupt is
+        # not caught here: the call may have had its effect, so the step stays
+        # "started" and its outcome unknown.)
+        error = f"{type(exc).__name__}: {exc}"
         yield _Db(
-            lambda: ops.complete(
-                ctx.scope, step_key, owner=owner, result=result, event=end, interrupts=questions
+            lambda: ops.fail(
+                ctx.scope, step_key, owner=owner, error=error, event=event("error", error=error)
             )
         )
-        return result, key
-    finally:  # its outcome is recorded (or it never will be): waiters look again
-        with _running_lock:
-            _running.pop(owner, None)
-        done.set()
+        raise
+    tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
+    end = event("end", payload=result, input_tokens=tokens_in, output_tokens=tokens_out)
+    questions = asked[0] if asked else 0
+    yield _Db(
+        lambda: ops.complete(
+            ctx.scope, step_key, owner=owner, result=result, event=end, interrupts=questions
+        )
+    )
+    return result, key
 
 
 # How long a call waits for its task's checkpoint to be stored (see CallContext's

@@ -67,7 +67,7 @@ from agentcheck.effects import (
     attempt_counters,
     protocol,
 )
-from agentcheck.journal import Event, Step
+from agentcheck.journal import Claim, Event, Step
 from agentcheck.savers import SqliteSaver
 from fake_models import ScriptedChatModel, tool_call_message
 
@@ -505,16 +505,13 @@ async def test_a_content_and_artifact_tool_replays_its_pair(kind: str, saver: An
         assert (message.content, message.artifact) == ("found x", {"hits": [1, 2]})
 
 
-@pytest.mark.parametrize("kind", ASYNC_KINDS)
-@pytest.mark.parametrize("decorate", [side_effect, idempotent], ids=["side_effect", "idempotent"])
-async def test_a_retried_tool_node_waits_for_a_sibling_still_running(
-    kind: str, saver: Any, decorate: Any
+async def charge_beside_a_jammed_printer(
+    saver: Any, kind: str, decorate: Any, charge_seconds: float
 ) -> None:
-    """An async ToolNode whose other tool fails leaves the slow charge running, and the
-    node's RetryPolicy runs it again at once: the charge's step is started by a call
-    still running in this process. It was taken for a call cut short (ToolOutcomeUnknown
-    for a side effect; an idempotent call ran twice at once); the retry now waits for it
-    and replays its result."""
+    """An async ToolNode calls a charge and a printer; the printer jams on its first
+    call, and the node's RetryPolicy runs both again at once, while the first charge
+    (which the failed gather leaves running) is still running. The charge is made once,
+    and both attempts answer with its result."""
     runs: list[str] = []
     jams: list[int] = []
 
@@ -523,7 +520,7 @@ async def test_a_retried_tool_node_waits_for_a_sibling_still_running(
     async def charge(amount: int) -> str:
         """Charge the card."""
         runs.append("start")
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(charge_seconds)
         runs.append("done")
         return f"charged {amount}"
 
@@ -551,6 +548,45 @@ async def test_a_retried_tool_node_waits_for_a_sibling_still_running(
     assert runs == ["start", "done"]  # once
     step = await only_step(saver, kind, "t1")
     assert (step.status, step.result, step.attempts) == ("completed", "charged 1", 1)
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+@pytest.mark.parametrize("decorate", [side_effect, idempotent], ids=["side_effect", "idempotent"])
+async def test_a_retried_tool_node_waits_for_a_sibling_still_running(
+    kind: str, saver: Any, decorate: Any
+) -> None:
+    """The charge's step is started by a call still running in this process when the
+    retry claims it. It was taken for a call cut short (ToolOutcomeUnknown for a side
+    effect; an idempotent call ran twice at once); the retry now waits for it and
+    replays its result."""
+    await charge_beside_a_jammed_printer(saver, kind, decorate, charge_seconds=0.3)
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+@pytest.mark.parametrize("decorate", [side_effect, idempotent], ids=["side_effect", "idempotent"])
+async def test_a_retry_that_looks_just_after_the_first_call_claimed_waits_for_it(
+    kind: str, saver: Any, decorate: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test above failed now and then: the first charge was known as running only
+    once its protocol went on after its claim's commit, and the retry's charge, which
+    looked in between, took the claim for one cut short (ToolOutcomeUnknown for a side
+    effect; an idempotent charge ran twice). Here the first claim's answer comes back
+    late on purpose, so the retry always looks in between: a call is now known as
+    running before it claims."""
+    journal = saver.journal
+    arun_op = journal.arun_op
+    held: list[bool] = []
+
+    async def first_claim_late(make_op: Any, write: bool, durable: bool = True) -> Any:
+        result = await arun_op(make_op, write, durable=durable)
+        if isinstance(result, Claim) and result.owned and not held:
+            held.append(True)
+            await asyncio.sleep(0.3)  # the node fails and its retry claims meanwhile
+        return result
+
+    monkeypatch.setattr(journal, "arun_op", first_claim_late)
+    await charge_beside_a_jammed_printer(saver, kind, decorate, charge_seconds=0.05)
+    assert held == [True]
 
 
 @parametrize_kinds
