@@ -741,7 +741,7 @@ class ProtocolRun:
                     time.sleep(action.seconds)
                 elif isinstance(action, _Reconcile):
                     assert self.spec.reconcile is not None
-                    value = self.spec.reconcile(action.outcome)
+                    value = _sync_answer(self.spec.reconcile(action.outcome), self.spec)
                 else:
                     assert self.ctx.ask is not None
                     value = self.ctx.ask(action.payload)
@@ -775,6 +775,21 @@ class ProtocolRun:
                     value = self.ctx.ask(action.payload)
             except BaseException as exc:
                 error = exc
+
+
+def _sync_answer(value: Any, spec: EffectSpec) -> Any:
+    """A sync reconcile's answer; one that must be awaited (a callable object with an
+    ``async __call__``, which the decorators cannot tell from a sync function) is
+    refused, not recorded as the call's result."""
+    if inspect.isawaitable(value):
+        close = getattr(value, "close", None)
+        if callable(close):
+            close()  # never awaited: no "was never awaited" warning
+        raise TypeError(
+            f"the reconcile of {spec.name!r} returned an awaitable, which a sync call "
+            f"cannot await: give it a sync reconcile (or make the call async)"
+        )
+    return value
 
 
 def drive_sync(
@@ -820,10 +835,35 @@ async def drive_async(
 # -- the decorators ----------------------------------------------------------------------
 
 
+def _resolved_annotations(fn: Callable[..., Any]) -> dict[str, Any]:
+    """``fn``'s annotations, those written as text (``from __future__ import
+    annotations``) evaluated in its module, as ``typing.get_type_hints`` would: the
+    wrapper is another function, of this module, and LangChain's ``@tool`` reads its
+    annotations to make the tool's schema. One that cannot be evaluated yet (a name
+    defined later, or only under TYPE_CHECKING) stays text, as it was."""
+    annotations = dict(getattr(fn, "__annotations__", None) or {})
+    namespace = getattr(inspect.unwrap(fn), "__globals__", {})
+    for name, value in annotations.items():
+        if isinstance(value, str):
+            try:
+                annotations[name] = eval(value, namespace)  # as typing does
+            except Exception:  # left as text: whoever reads it decides
+                continue
+    return annotations
+
+
 def _wrap(fn: F, spec: EffectSpec) -> F:
     sig = inspect.signature(fn)
     wants_key = KEY_PARAM in sig.parameters
-    public_sig = sig.replace(parameters=[p for n, p in sig.parameters.items() if n != KEY_PARAM])
+    annotations = _resolved_annotations(fn)
+    public_sig = sig.replace(
+        parameters=[
+            p.replace(annotation=annotations.get(n, p.annotation))
+            for n, p in sig.parameters.items()
+            if n != KEY_PARAM
+        ],
+        return_annotation=annotations.get("return", sig.return_annotation),
+    )
 
     def recorded_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         bound = public_sig.bind_partial(*args, **kwargs)
@@ -878,9 +918,7 @@ def _wrap(fn: F, spec: EffectSpec) -> F:
     # The key is supplied by agentcheck: hide it from signatures (and so from the tool
     # schema LangChain's @tool shows a model).
     wrapper.__signature__ = public_sig  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {
-        k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != KEY_PARAM
-    }
+    wrapper.__annotations__ = {k: v for k, v in annotations.items() if k != KEY_PARAM}
     del wrapper.__wrapped__  # type: ignore[attr-defined]  # else inspect follows it back
     wrapper.__agentcheck__ = spec  # type: ignore[attr-defined]
     return cast(F, wrapper)
@@ -902,6 +940,17 @@ def _decorator(
         )
 
     def decorate(f: F) -> F:
+        if (
+            reconcile is not None
+            and inspect.iscoroutinefunction(reconcile)
+            and not inspect.iscoroutinefunction(f)
+        ):
+            # A sync call's driver cannot await it: the coroutine would be its result.
+            raise TypeError(
+                f"reconcile={getattr(reconcile, '__name__', reconcile)!r} is async, and "
+                f"{getattr(f, '__name__', f)!r} is not: a sync call needs a sync "
+                f"reconcile (or make the call async)"
+            )
         spec = EffectSpec(
             name=name or str(getattr(f, "__name__", "call")),
             effect=effect,

@@ -36,7 +36,7 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableBinding, RunnableLambda
-from langchain_core.tools import tool
+from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -503,6 +503,77 @@ async def test_a_content_and_artifact_tool_replays_its_pair(kind: str, saver: An
     assert len(seen) == 2
     for message in seen:
         assert (message.content, message.artifact) == ("found x", {"hits": [1, 2]})
+
+
+class Order(BaseModel):
+    """A tool's argument of a class of this module (whose annotations are text)."""
+
+    sku: str
+    qty: int
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "async_sqlite"])
+async def test_a_wrapped_tool_of_a_module_with_postponed_annotations(kind: str, saver: Any) -> None:
+    """This module has ``from __future__ import annotations``: its annotations are text.
+    @tool over @side_effect evaluated them in agentcheck's module, where a class of the
+    tool's module (Order), ``Annotated`` or LangChain's InjectedToolCallId are not
+    names: defining such a tool raised NameError. They are evaluated in the tool's own
+    module now, as for a plain @tool: same schema, the argument validated into its
+    class, the injected id given, the key hidden."""
+    got: list[tuple[Order, str | None, str, str]] = []
+
+    def record(order: Order, note: str | None, call_id: str, key: str) -> str:
+        got.append((order, note, call_id, key))
+        return f"charged {order.qty} x {order.sku}"
+
+    if is_async(kind):
+
+        @tool
+        @side_effect
+        async def charge(
+            order: Order,
+            call_id: Annotated[str, InjectedToolCallId],
+            note: str | None = None,
+            idempotency_key: str = "",
+        ) -> str:
+            """Charge an order."""
+            return record(order, note, call_id, idempotency_key)
+
+    else:
+
+        @tool
+        @side_effect
+        def charge(  # type: ignore[misc]
+            order: Order,
+            call_id: Annotated[str, InjectedToolCallId],
+            note: str | None = None,
+            idempotency_key: str = "",
+        ) -> str:
+            """Charge an order."""
+            return record(order, note, call_id, idempotency_key)
+
+    @tool
+    def plain(order: Order, note: str | None = None) -> str:
+        """Charge an order."""
+        return ""
+
+    schema = charge.tool_call_schema.model_json_schema()
+    assert schema["properties"] == plain.tool_call_schema.model_json_schema()["properties"]
+    assert sorted(schema["properties"]) == ["note", "order"]
+
+    asking = tool_call_message(("charge", {"order": {"sku": "tea", "qty": 2}}, "c1"))
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", lambda state: {"messages": [asking]})
+    builder.add_node("tools", ToolNode([charge]))
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", "tools")
+    builder.add_edge("tools", END)
+    graph = builder.compile(checkpointer=saver)
+    final = await call(graph, "invoke", kind, {"messages": [HumanMessage("go")]}, config("t1"))
+    assert final["messages"][-1].content == "charged 2 x tea"
+    ((order, note, call_id, key),) = got
+    assert (order, note, call_id) == (Order(sku="tea", qty=2), None, "c1")
+    assert key.startswith("ac-")
 
 
 async def charge_beside_a_jammed_printer(
@@ -1793,6 +1864,40 @@ async def test_unknown_outcome_reconciled_to_a_result_is_not_rerun(
     events = of_kind(await call(saver.journal, "events", kind, "t1"), "tool")
     assert events[-1].phase == "end" and events[-1].name == "charge (reconciled)"
     assert events[-1].payload == found
+
+
+@pytest.mark.parametrize("kind", SYNC_KINDS)
+async def test_an_async_reconcile_of_a_sync_call_is_refused_not_recorded(
+    kind: str, saver: Any, db: dict[str, str]
+) -> None:
+    """A sync call's driver cannot await its reconcile: an async one's coroutine object
+    was recorded as the call's result (completed, for good). An async function is now
+    refused where the call is decorated; a callable whose __call__ is async (which
+    cannot be told from a sync one there) raises a TypeError naming the call when it
+    answers, and the step stays started."""
+
+    async def find_charge(outcome: UnknownOutcome) -> Any:
+        return {"charged": 5}
+
+    with pytest.raises(TypeError, match="reconcile='find_charge' is async, and 'charge'"):
+
+        @side_effect(reconcile=find_charge)
+        def charge(amount: int) -> int:
+            return amount
+
+    class Lookup:
+        async def __call__(self, outcome: UnknownOutcome) -> Any:
+            return {"charged": 5}
+
+    calls: list[int] = []
+    graph = await left_started(
+        kind, saver, db, charge_fn(kind, calls, decorate=side_effect(reconcile=Lookup()))
+    )
+    with pytest.raises(TypeError, match="the reconcile of 'charge' returned an awaitable"):
+        await call(graph, "invoke", kind, None, config("t1"))
+    assert calls == [5]
+    step = await only_step(saver, kind, "t1")
+    assert (step.status, step.result) == ("started", None)
 
 
 @parametrize_kinds
