@@ -125,6 +125,9 @@ class CallContext:
             this context asks a human (see :func:`note_interrupt`); False if it cannot.
         skip_interrupts: passes over that many: a replayed call asks nothing, and the
             framework matches answers to questions by their order (LangGraph).
+        interrupt_position: (the index the task's next question gets, how many of its
+            questions are answered), or None if the framework cannot tell: after a
+            crash, the answers past that index were used by the attempt that crashed.
         position: where the call runs in its framework's run (LangGraph: the root
             checkpoint and task), for when it starts the run (see ``framework``).
         resolve_prefix: a journal operation giving the key prefix to use instead of
@@ -146,6 +149,7 @@ class CallContext:
     framework: str | None = None
     count_interrupts: Callable[[], bool] | None = None
     skip_interrupts: Callable[[int], None] | None = None
+    interrupt_position: Callable[[], tuple[int, int] | None] | None = None
     resolve_prefix: Callable[[], Any] | None = None
     position: tuple[str, str] | None = None
     stored_first: tuple[str, str, str] | None = None
@@ -522,6 +526,9 @@ def _protocol(
             found = yield _Reconcile(outcome)
             claim = yield claim_again(step)
             if claim.owned and found is not NOT_DONE:
+                # Not run again: the questions the crashed attempt had answered are
+                # passed over, as a replay of this step will (they are its own).
+                _pass_used_answers(ctx, None)
                 yield _Db(
                     lambda: ops.complete(
                         ctx.scope,
@@ -536,6 +543,10 @@ def _protocol(
         elif spec.on_unknown == "retry":
             claim = yield claim_again(step)
         elif spec.on_unknown == "ask" and ctx.ask is not None:
+            at = _pass_used_answers(ctx, step.asked_at)
+            if at is not None and at != step.asked_at:
+                seen = step.owner
+                yield _Db(lambda: ops.mark_asked(ctx.scope, step_key, owner=seen, at=at))
             answer = yield _Ask(
                 {
                     "type": "agentcheck.unknown_outcome",
@@ -634,6 +645,24 @@ def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Ac
             break
     with ctx.lock:
         ctx.counters[_STORED] = 1
+
+
+def _pass_used_answers(ctx: CallContext, asked_at: int | None) -> int | None:
+    """Before a step whose outcome is unknown is settled without running it, or before
+    the "ask" policy's question about it: pass over the answers its crashed attempts
+    used (the task's answers past its next question; LangGraph keeps a task's answers
+    across crashes and matches them to questions by their order), or up to
+    ``asked_at``, this attempt's question already asked, whose answer is the one to
+    use. Else an old answer (its own approval, the human's "retry" of an attempt that
+    then crashed as well) would answer a new question. Returns the index of the next
+    question, or None if the framework cannot tell."""
+    position = ctx.interrupt_position() if ctx.interrupt_position is not None else None
+    if position is None or ctx.skip_interrupts is None:
+        return None
+    next_index, answered = position
+    at = asked_at if asked_at is not None and asked_at >= next_index else max(next_index, answered)
+    ctx.skip_interrupts(at - next_index)
+    return at
 
 
 def _its_retry(failed: Step, completed: list[Step]) -> Step | None:

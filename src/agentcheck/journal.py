@@ -261,6 +261,9 @@ class Step(_DecodedWhenRead):
     error: str | None
     # How many interrupt() calls of its task the call made (LangGraph), when completed.
     interrupts: int = field(hash=False)
+    # Started: the index among its task's interrupt() calls of the "ask" policy's
+    # question about this attempt's unknown outcome, once asked; else None.
+    asked_at: int | None = field(default_factory=_none, hash=False)
     args: Any = field(default_factory=_none, hash=False)  # the call's recorded arguments
     # Its recorded result (None unless completed).
     result: Any = field(default_factory=_none, hash=False)
@@ -352,13 +355,17 @@ class JournalOps:
 
     def _step(self, row: Sequence[Any]) -> Step:
         (scope, key, run_id, kind, name, effect, status, idem, attempts, owner, started,
-         finished, args_type, args, result_type, result, error, interrupts) = row  # fmt: skip
+         finished, args_type, args, result_type, result, error, interrupts,
+         asked) = row  # fmt: skip
         where = f"step {key!r} in scope {scope!r}"
         decoders = {
             "args": lambda: self.load(args_type, args, f"the arguments of {where}"),
             "result": lambda: self.load(result_type, result, f"the result of {where}"),
             "attempts": lambda: self._count(attempts, f"the attempts of {where}"),
             "interrupts": lambda: self._count(interrupts, f"the interrupts of {where}"),
+            "asked_at": lambda: (
+                None if asked is None else self._count(asked, f"the question of {where}")
+            ),
         }
         return Step._stored(
             decoders,
@@ -376,6 +383,7 @@ class JournalOps:
             finished_at=finished,
             error=error,
             interrupts=None,
+            asked_at=None,
         )
 
     def _run(self, row: Sequence[Any]) -> Run:
@@ -603,7 +611,7 @@ class JournalOps:
         )
         # The row as inserted, in SELECT_STEP's columns; none if the step existed.
         row = (scope, step_key, run_id, kind, name, effect, "started", idempotency_key, 1,
-               owner, started_at, None, atype, adata, None, None, None, None)  # fmt: skip
+               owner, started_at, None, atype, adata, None, None, None, None, None)  # fmt: skip
         return (yield from self._claimed([row] if inserted else [], scope, step_key, owner, event))
 
     def reclaim(
@@ -621,6 +629,11 @@ class JournalOps:
             self.sql.RECLAIM_STEP, (owner, now(), run_id, scope, step_key, seen_owner), fetch=True
         )
         return (yield from self._claimed(rows, scope, step_key, owner, event))
+
+    def mark_asked(self, scope: str, step_key: str, *, owner: str, at: int) -> Operation[None]:
+        """Record where among its task's interrupts the "ask" policy's question about
+        the unknown outcome of a step (still the ``owner``'s) is."""
+        yield Query(self.sql.MARK_ASKED, (at, scope, step_key, owner))
 
     def _claimed(
         self, rows: Rows, scope: str, step_key: str, owner: str, event: EventSpec | None

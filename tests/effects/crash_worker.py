@@ -4,7 +4,9 @@
 
 * ``SCENARIO``: ``agent`` / ``agent_react`` / ``agent_unwrapped``, ``interrupt``, ``fanout``,
   ``model``,
-  ``tool_<variant>`` (``raise``, ``reconcile``, ``reconcile_absent``, ``idempotent``, ``ask``).
+  ``tool_<variant>`` (``raise``, ``reconcile``, ``reconcile_absent``, ``idempotent``, ``ask``),
+  ``approve_<variant>`` (``reconcile``, ``ask``: a charge that asks its own approval, then
+  the node's own question).
 * ``DB``: a SQLite path (``SqliteSaver``) or a ``postgresql://`` URL (``PostgresSaver``).
   Scenario ``agent_unwrapped`` uses the official ``langgraph.checkpoint.sqlite.SqliteSaver``
   and no agentcheck wrapper at all (the contrast: what happens without agentcheck).
@@ -16,8 +18,9 @@
   thread: ``invoke(None)``), ``edit`` (an operator's update_state first: the model's last
   message written again as the ``agent`` node's, or for ``fanout`` a note as the ``plan``
   node's, then ``invoke(None)``), ``reorder`` (``fanout``: the items changed as the
-  ``plan`` node's, then ``invoke(None)``) or ``answer``
-  (``invoke(Command(resume=ANSWER_JSON))``).
+  ``plan`` node's, then ``invoke(None)``), ``answer``
+  (``invoke(Command(resume=ANSWER_JSON))``) or ``answer_crash`` (the same, blocking at
+  the scenario's kill point as ``crash`` does).
 
 The worker prints ``MARKER <name> <json>`` lines (flushed) at chosen points and, when the
 run returns, one JSON line last: ``{"status": "done" | "interrupted" | "error", ...}``
@@ -96,7 +99,7 @@ def marker(name: str, *, kill_point: bool = False, **info: Any) -> None:
     with _PRINT_LOCK:  # tools may run in parallel threads: one whole line each
         sys.stdout.write(f"MARKER {name} {json.dumps(info)}\n")
         sys.stdout.flush()
-    if kill_point and PHASE == "crash":
+    if kill_point and PHASE in ("crash", "answer_crash"):
         time.sleep(BLOCK_SECONDS)
 
 
@@ -355,6 +358,41 @@ def build_tool(variant: str) -> Any:
     return builder.compile(checkpointer=SAVER)
 
 
+def build_approve(variant: str) -> Any:
+    """A checkout whose charge asks its own approval (interrupt() inside the wrapped
+    call, before the effect; killed after it), then the node asks whether to ship."""
+
+    def body(amount: int, key: str) -> str:
+        if interrupt({"question": f"Charge {amount}?"}) != "approve":
+            return "not approved"
+        record_effect(CHARGES, key=key, amount=amount)
+        marker("INSIDE_TOOL", kill_point=True, key=key)
+        return f"charged {amount}"
+
+    decorator: Any
+    if variant == "reconcile":
+        decorator = side_effect(reconcile=find_charge)
+    elif variant == "ask":
+        decorator = side_effect(on_unknown="ask")
+    else:
+        raise SystemExit(f"unknown approve variant {variant!r}")
+
+    @decorator
+    def charge_card(amount: int, idempotency_key: str) -> str:
+        return body(amount, idempotency_key)
+
+    def checkout(state: OrderState) -> dict[str, Any]:
+        charged = charge_card(state["amount"])
+        ship = interrupt({"question": "Ship the order?"})
+        return {"status": f"{charged}; shipping: {ship}"}
+
+    builder = StateGraph(OrderState)
+    builder.add_node("checkout", checkout)
+    builder.add_edge(START, "checkout")
+    builder.add_edge("checkout", END)
+    return builder.compile(checkpointer=SAVER)
+
+
 def tool_input() -> dict[str, Any]:
     return {
         "messages": [
@@ -383,6 +421,8 @@ def build() -> tuple[Any, Any]:
         return build_model(), {"messages": [HumanMessage("Where is order 1001?")]}
     if SCENARIO.startswith("tool_"):
         return build_tool(SCENARIO.removeprefix("tool_")), tool_input()
+    if SCENARIO.startswith("approve_"):
+        return build_approve(SCENARIO.removeprefix("approve_")), {"amount": 42}
     raise SystemExit(f"unknown scenario {SCENARIO!r}")
 
 
@@ -425,7 +465,7 @@ def run(graph: Any, inputs: Any) -> dict[str, Any]:
             last = graph.get_state(CONFIG).values["messages"][-1]
             graph.update_state(CONFIG, {"messages": [last]}, as_node="agent")
         arg = None
-    elif PHASE == "answer":
+    elif PHASE in ("answer", "answer_crash"):
         arg = Command(resume=ANSWER)
     else:
         raise SystemExit(f"unknown phase {PHASE!r}")

@@ -94,15 +94,21 @@ def _command(scenario: str, env: Env, phase: str, answer: Any = None) -> list[st
     return cmd
 
 
-def kill_at(scenario: str, env: Env, marker: str) -> dict[str, Any]:
-    """Start the scenario in a child, read its stdout until ``marker``, SIGKILL it.
+def kill_at(
+    scenario: str, env: Env, marker: str, *, answer: Any = None, phase: str = "crash"
+) -> dict[str, Any]:
+    """Start the scenario in a child (``phase`` "crash", or "answer_crash": resumed with
+    ``answer``), read its stdout until ``marker``, SIGKILL it.
 
     Returns the marker's JSON info. Asserts that the child really died of signal 9.
     """
-    stderr_path = env.workdir / f"stderr-{scenario}-crash.txt"
+    stderr_path = env.workdir / f"stderr-{scenario}-{phase}.txt"
     with open(stderr_path, "w") as stderr:
         child = subprocess.Popen(
-            _command(scenario, env, "crash"), stdout=subprocess.PIPE, stderr=stderr, text=True
+            _command(scenario, env, phase, answer),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
         )
         assert child.stdout is not None
         info: dict[str, Any] | None = None
@@ -462,6 +468,62 @@ def test_killed_inside_ask_tool_asks_a_human_and_uses_the_answer(env: Env) -> No
     assert step.status == "completed"
     assert step.result == "charged 42 (confirmed by ops)"
     assert env.run_status() == "succeeded"
+
+
+def test_a_retry_a_human_allowed_is_made_once_then_a_new_crash_asks_again(env: Env) -> None:
+    """The human answers "retry" to the unknown outcome, and the retried charge is
+    killed as well. LangGraph keeps the task's answers across the crash: the same
+    "retry" answered the question about the second crash, and the card was charged a
+    third time without asking. A new crash now asks a new question."""
+    kill_at("tool_ask", env, "INSIDE_TOOL")
+    first = run_phase("tool_ask", env, "resume")
+    assert first.result["status"] == "interrupted", first.result
+    assert first.result["interrupts"][0]["attempts"] == 1
+
+    kill_at("tool_ask", env, "INSIDE_TOOL", phase="answer_crash", answer="retry")
+    assert len(env.charges) == 2
+
+    again = run_phase("tool_ask", env, "resume")
+    assert again.result["status"] == "interrupted", again.result
+    [question] = again.result["interrupts"]
+    assert (question["type"], question["attempts"]) == ("agentcheck.unknown_outcome", 2)
+    assert len(env.charges) == 2
+    done = run_phase("tool_ask", env, "answer", {"result": "charged 42 (confirmed by ops)"})
+    assert tool_reply(done) == "charged 42 (confirmed by ops)"
+    assert len(env.charges) == 2
+
+
+@pytest.mark.parametrize("variant", ["reconcile", "ask"])
+def test_a_charge_that_asked_its_approval_then_was_killed_uses_no_answer_twice(
+    env: Env, variant: str
+) -> None:
+    """The charge asks its own approval, is approved, charges and is killed. On resume
+    the approval was used again: with reconcile=, the node's next question ("Ship the
+    order?") got "approve" and the order shipped unasked; with on_unknown="ask", the
+    policy's question got "approve", refused it, and the thread was stuck. The answers
+    the killed attempt used are now passed over, and each question gets its own."""
+    scenario = f"approve_{variant}"
+    asked = run_phase(scenario, env, "start")
+    assert asked.result["interrupts"] == [{"question": "Charge 42?"}], asked.result
+    kill_at(scenario, env, "INSIDE_TOOL", phase="answer_crash", answer="approve")
+    assert len(env.charges) == 1
+
+    resumed = run_phase(scenario, env, "resume")
+    assert resumed.result["status"] == "interrupted", resumed.result
+    [question] = resumed.result["interrupts"]
+    if variant == "ask":
+        assert question["type"] == "agentcheck.unknown_outcome"
+        resumed = run_phase(scenario, env, "answer", {"result": "charged 42 (by ops)"})
+        assert resumed.result["status"] == "interrupted", resumed.result
+        [question] = resumed.result["interrupts"]
+    assert question == {"question": "Ship the order?"}
+
+    done = run_phase(scenario, env, "answer", "yes")
+    assert done.result["status"] == "done", done.result
+    charged = "charged 42 (found by key)" if variant == "reconcile" else "charged 42 (by ops)"
+    assert done.result["values"]["status"] == f"{charged}; shipping: yes"
+    assert len(env.charges) == 1
+    assert env.step("charge_card").status == "completed"
 
 
 # -- 5. the contrast: the same crash without agentcheck ------------------------------------

@@ -354,10 +354,11 @@ def test_two_processes_set_up_a_fresh_postgres_database_at_once(pg_url: str) -> 
 
 
 def downgrade_to_version_2(kind: str, sqlite_path: str, pg_url: str) -> None:
-    """The database as version 2 left it: the columns of migrations 3 and 4 dropped, the
-    run index of version 1 back, and the later migrations' records deleted."""
+    """The database as version 2 left it: the columns of migrations 3, 4 and 8 dropped,
+    the run index of version 1 back, and the later migrations' records deleted."""
     raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_checkpoints DROP COLUMN blob_keys")
     raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN interrupts")
+    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN asked_at")
     raw_sql(kind, sqlite_path, pg_url, "DROP INDEX agentcheck_checkpoints_run_idx")
     raw_sql(kind, sqlite_path, pg_url, RUN_INDEX_V1)
     raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version >= 3")
@@ -394,7 +395,7 @@ async def test_steps_completed_before_version_4_replay_after_the_upgrade(
     kind: str, sqlite_path: str, pg_url: str
 ) -> None:
     """Migration 4 adds the steps' ``interrupts``: NULL in rows written before, read as
-    none asked."""
+    none asked; migration 8 their ``asked_at``: NULL, no question of the ask policy."""
     runs: list[int] = []
 
     @side_effect
@@ -407,9 +408,10 @@ async def test_steps_completed_before_version_4_replay_after_the_upgrade(
             assert charge(5) == 5
     downgrade_to_version_2(kind, sqlite_path, pg_url)
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7, 8]
         (step,) = upgraded.journal.steps(scope="order-1")
         assert (step.status, step.interrupts, step.result) == ("completed", 0, 5)
+        assert step.asked_at is None
         with effect_scope(upgraded.journal, "order-1"):
             assert charge(5) == 5  # replayed
     assert runs == [5]
@@ -430,7 +432,7 @@ async def test_a_version_2_database_is_upgraded_and_its_rows_read_back(
     downgrade_to_version_2(kind, sqlite_path, pg_url)
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7, 8]
         keys = raw_sql(kind, sqlite_path, pg_url, "SELECT blob_keys FROM agentcheck_checkpoints")
         assert keys and all(k is None for (k,) in keys)
         assert await every_checkpoint(kind, upgraded, "chat") == before
@@ -473,7 +475,7 @@ async def test_an_upgrade_leaves_prepared_statements_working(
         upgraded = PostgresSaver(pool)
     try:
         await setup(kind, upgraded)
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7, 8]
         graph = chat_graph().compile(checkpointer=upgraded)
         await run_chat(graph, kind, "chat", 6, start=2)
         state = await call(kind, graph, "get_state", {"configurable": {"thread_id": "chat"}})
@@ -496,7 +498,7 @@ async def test_migration_5_leaves_checkpoints_without_a_run_out_of_the_run_index
     assert "WHERE" not in run_index(kind, sqlite_path, pg_url)[0]
 
     async with open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as upgraded:
-        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
+        assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7, 8]
         definition, plan = run_index(kind, sqlite_path, pg_url)
         assert "WHERE" in definition and "run_id IS NOT NULL" in definition
         assert "agentcheck_checkpoints_run_idx" in plan, plan
@@ -545,11 +547,12 @@ def test_an_older_schema_on_a_read_only_connection_says_what_to_do(
     writable = pg_url if is_postgres(kind) else sqlite_path
     with saver_cls.from_conn_string(writable) as saver:
         saver.setup()
-    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version = 7")
+    raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version >= 7")
     raw_sql(kind, sqlite_path, pg_url, "DROP TABLE agentcheck_settings")
+    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN asked_at")
     with saver_cls.from_conn_string(_read_only(kind, sqlite_path, pg_url)) as reader:
         with pytest.raises(SchemaVersionError, match="read-only, so setup\\(\\) cannot upgrade"):
             reader.setup()
     with saver_cls.from_conn_string(writable) as writer:
         writer.setup()
-    assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7]
+    assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7, 8]

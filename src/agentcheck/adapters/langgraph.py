@@ -211,6 +211,7 @@ def langgraph_context() -> CallContext | None:
         framework="langgraph",
         count_interrupts=lambda: _count_interrupts(scratchpad),
         skip_interrupts=lambda n: _skip_interrupts(scratchpad, n),
+        interrupt_position=lambda: _interrupt_position(scratchpad),
     )
 
 
@@ -330,13 +331,49 @@ def _count_interrupts(scratchpad: Any) -> bool:
 
 
 def _skip_interrupts(scratchpad: Any, n: int) -> None:
-    """Move the task's interrupt count on by ``n``, as ``n`` answered interrupt() calls
-    would (a replayed call that asked a human when it ran)."""
+    """Pass over the task's next ``n`` questions as ``n`` interrupt() calls would (a
+    replayed call that asked a human when it ran): one with an answer is asked, which
+    returns it at once, so that an answer given with ``Command(resume=...)`` and not
+    yet kept with the task's (it was used by an execution that crashed) is taken as
+    that question's, as LangGraph would, not left to answer the next one; one without
+    is only counted."""
     counter = getattr(scratchpad, "interrupt_counter", None)
     if counter is None:
         return
     for _ in range(n):
-        counter()
+        position = _interrupt_position(scratchpad)
+        if position is not None and position[0] < position[1]:
+            interrupt(None)  # answered: returns its answer
+        else:
+            counter()
+
+
+def _interrupt_position(scratchpad: Any) -> tuple[int, int] | None:
+    """(The index the task's next interrupt() gets, how many of its questions have an
+    answer: those kept with the task, plus one given with ``Command(resume=...)`` and
+    not yet used, which LangGraph gives to the first question past them), or None if
+    LangGraph's scratchpad is not of the shape this reads: its counter the ``next`` of
+    an ``itertools.count`` (read from its repr, ``count(3)``), its answers a list."""
+    counter = getattr(scratchpad, "interrupt_counter", None)
+    answers = getattr(scratchpad, "resume", None)
+    null_resume = getattr(scratchpad, "get_null_resume", None)
+    if counter is None or not isinstance(answers, list) or not callable(null_resume):
+        return None
+    answered = len(answers) + (null_resume(False) is not None)
+    inner = getattr(counter, "_counter", None)
+    if isinstance(inner, _Counting):
+        inner = inner.inner
+    if inner is None:
+        return 0, answered
+    count = getattr(inner, "__self__", None)
+    if not isinstance(count, itertools.count):
+        return None
+    text = repr(count)
+    try:
+        next_index = int(text[text.index("(") + 1 : -1])
+    except ValueError:
+        return None
+    return next_index, answered
 
 
 register_resolver(langgraph_context, pause_errors=(GraphBubbleUp,))

@@ -747,7 +747,7 @@ class SQL:
     _STEP_COLUMNS = (
         "scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
         "owner, started_at, finished_at, args_type, args, result_type, result, error, "
-        "interrupts"
+        "interrupts, asked_at"
     )
     # A row comes back when the claim inserted one (none when the step existed): a claim
     # is one statement, not an insert and a read.
@@ -764,7 +764,7 @@ class SQL:
     # workers recovering the same step cannot both run it.
     RECLAIM_STEP = (
         "UPDATE agentcheck_steps SET status = 'started', attempts = attempts + 1, owner = ?, "  # noqa: S608
-        "started_at = ?, finished_at = NULL, error = NULL, run_id = ? "
+        "started_at = ?, finished_at = NULL, error = NULL, run_id = ?, asked_at = NULL "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status <> 'completed' "
         "RETURNING " + _STEP_COLUMNS
     )
@@ -780,6 +780,12 @@ class SQL:
     )
     COMPLETED_STEPS_AMONG = (
         SELECT_STEPS + " WHERE scope = ? AND status = 'completed' AND step_key IN ({keys})"
+    )
+    # The "ask" policy's question about a step's unknown outcome: where it is among
+    # the task's interrupts, so that its answer is found there again (see _V8).
+    MARK_ASKED = (
+        "UPDATE agentcheck_steps SET asked_at = ? "
+        "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
     RELEASE_STEP = (
         "DELETE FROM agentcheck_steps "
@@ -888,6 +894,14 @@ _V7 = (
 )
 
 
+# Migration 8: where, among its task's interrupt() calls (LangGraph), the "ask" policy's
+# question about a step's unknown outcome is, for the attempt that left it unknown
+# (cleared when the step is taken over again). Its answer is found there when the task
+# runs again; without one, the answers already given to the task's later questions were
+# used by the attempts that crashed, and a new question goes after them.
+_V8 = ("ALTER TABLE agentcheck_steps ADD COLUMN asked_at INTEGER",)
+
+
 def portable_migrations(
     blob_type: str, serial_type: str, *, pending_terms: bool
 ) -> tuple[tuple[str, ...], ...]:
@@ -896,7 +910,7 @@ def portable_migrations(
     pending metadata terms (SQLite; migration 6 is empty without)."""
     return tuple(
         tuple(stmt.format(blob=blob_type, serial=serial_type) for stmt in migration)
-        for migration in (_V1, _V2, _V3, _V4, _V5, _V6 if pending_terms else (), _V7)
+        for migration in (_V1, _V2, _V3, _V4, _V5, _V6 if pending_terms else (), _V7, _V8)
     )
 
 
