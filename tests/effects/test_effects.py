@@ -2430,6 +2430,14 @@ async def test_durable_model_is_not_called_again_and_replays_the_same_message(
             for items in (first, again)
         ]
         assert streamed == ["paying both now", "paying both now"]
+        # Every chunk of the replay is of the one message: LangChain ended a replayed
+        # stream with an empty chunk of its own, under another id (a UI grouping chunks
+        # by id showed a second message). (The scripted model's live stream gets one.)
+        ids = [
+            {c.id for c, m in items if m["langgraph_node"] == "agent"} for items in (first, again)
+        ]
+        assert "answer-1" in ids[0]
+        assert ids[1] == {"answer-1"}
     else:
         await call(graph, "invoke", kind, start, config("t1"))
         await call(graph, "invoke", kind, Command(resume=1), config("t1"))

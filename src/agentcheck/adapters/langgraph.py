@@ -742,8 +742,16 @@ def _chunk_to_message(chunk: BaseMessage) -> BaseMessage:
     return chunk
 
 
+# A chunk marked last (langchain-core 1.x): else LangChain ends a stream with an empty
+# chunk of its own, under another message id than the replayed message's.
+_LAST: dict[str, Any] = (
+    {"chunk_position": "last"} if "chunk_position" in AIMessageChunk.model_fields else {}
+)
+
+
 def _replay_chunks(recorded: Any) -> Iterator[ChatGenerationChunk]:
-    for generation in _replay(recorded).generations:
+    generations = _replay(recorded).generations
+    for n, generation in enumerate(generations, 1):
         m = generation.message
         yield ChatGenerationChunk(
             message=AIMessageChunk(
@@ -762,6 +770,7 @@ def _replay_chunks(recorded: Any) -> Iterator[ChatGenerationChunk]:
                 ],
                 usage_metadata=getattr(m, "usage_metadata", None),
                 id=m.id,
+                **(_LAST if n == len(generations) else {}),
             )
         )
 
