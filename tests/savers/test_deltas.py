@@ -1066,3 +1066,169 @@ def test_postgres_a_put_aborted_by_a_deadlock_is_made_again(pg_url: str) -> None
         state = graph.get_state(config)
         assert len(state.values["docs"]) == 15
         assert saver.journal.get_run("t1").status == "succeeded"
+
+
+# --------------------------------------------------------------- PostgreSQL, concurrently
+
+
+def after_statement(op: Any, starts: str, hook: Any) -> Any:
+    """The operation ``op`` (a generator of queries), calling ``hook()`` once the first
+    statement whose text starts with ``starts`` was answered: what another writer does
+    between two statements of one operation (PostgreSQL reads each in its own snapshot)."""
+    answer: Any = None
+    hooked = False
+    try:
+        while True:
+            query = op.send(answer)
+            answer = yield query
+            statements = [query] if hasattr(query, "sql") else list(query)
+            if not hooked and any(q.sql.startswith(starts) for q in statements):
+                hooked = True
+                hook()
+    except StopIteration as stop:
+        return stop.value
+
+
+def another_worker_turn(pg_url: str, thread: str, n: int) -> None:
+    """A chat turn by another worker (its own saver, which has not seen the thread), to
+    its end, from a thread of its own."""
+
+    def turn() -> None:
+        with PostgresSaver.from_conn_string(pg_url) as other:
+            graph = chat_graph().compile(checkpointer=other)
+            question = HumanMessage(content=f"question {n}", id=f"q{n}")
+            graph.invoke(
+                {"messages": [question], "turn": n}, {"configurable": {"thread_id": thread}}
+            )
+
+    worker = threading.Thread(target=turn)
+    worker.start()
+    worker.join(30)
+
+
+@pytest.mark.parametrize("op", ["prune", "delete_for_runs"])
+def test_a_checkpoint_stored_while_a_deletion_runs_keeps_its_values(pg_url: str, op: str) -> None:
+    """A deletion read the thread's checkpoints, then (another statement) its stored
+    values: a turn another worker committed in between had its values read but not its
+    checkpoint, and they were deleted as unused. Its newest checkpoint named a message
+    list it no longer had, and after one more prune the thread read back no messages.
+    The values are now read first."""
+    with PostgresSaver.from_conn_string(pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        sync_chat(graph, "t", 6, run_id="r")
+        collect_garbage = saver._collect_garbage
+
+        def hooked(thread_id: str, ns: str, deleted: set[str]) -> Any:
+            return after_statement(
+                collect_garbage(thread_id, ns, deleted),
+                "SELECT",
+                lambda: another_worker_turn(pg_url, "t", 6),
+            )
+
+        saver._collect_garbage = hooked  # type: ignore[method-assign]
+        if op == "prune":
+            saver.prune(["t"], strategy="keep_latest")
+        else:
+            saver.delete_for_runs(["r-0", "r-1"])
+
+    with PostgresSaver.from_conn_string(pg_url) as fresh:
+        graph = chat_graph().compile(checkpointer=fresh)
+        config = {"configurable": {"thread_id": "t"}}
+        latest = fresh.get_tuple(config)
+        assert latest is not None
+        assert "messages" in latest.checkpoint["channel_values"]
+        assert contents(graph.get_state(config))[-2:] == ["question 6", "answer 6 " + "x" * 200]
+        fresh.prune(["t"], strategy="keep_latest")
+        assert len(contents(graph.get_state(config))) == 14
+
+
+def sync_chat(graph: Any, thread: str, end: int, *, run_id: str) -> None:
+    for n in range(end):
+        config: dict[str, Any] = {
+            "configurable": {"thread_id": thread},
+            "metadata": {"run_id": f"{run_id}-{n}"},
+        }
+        question = HumanMessage(content=f"question {n}", id=f"q{n}")
+        graph.invoke({"messages": [question], "turn": n}, config)
+
+
+def test_a_prune_started_during_a_copy_of_the_thread_waits_for_it(pg_url: str) -> None:
+    """copy_thread copies the checkpoints, then their values, in statements of their
+    own: a prune of the source committed in between left copied checkpoints without
+    their values. The copy now takes the thread's deletion lock first; a prune waits."""
+    with PostgresSaver.from_conn_string(pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        sync_chat(graph, "t", 6, run_id="r")
+        pruned: list[bool] = []
+
+        def prune() -> None:
+            with PostgresSaver.from_conn_string(pg_url) as other:
+                other.prune(["t"], strategy="keep_latest")
+            pruned.append(True)
+
+        pruner = threading.Thread(target=prune)
+
+        def start_pruning() -> None:
+            pruner.start()
+            pruner.join(1.0)
+            assert not pruned, "the prune did not wait for the copy"
+
+        copy_thread = saver._copy_thread
+
+        def hooked(source: str, target: str) -> Any:
+            # (Held back by the saver until the burst that ends the copy: the locks,
+            # whose rows are read, are taken before.)
+            return after_statement(
+                copy_thread(source, target), "INSERT INTO agentcheck_checkpoints", start_pruning
+            )
+
+        saver._copy_thread = hooked  # type: ignore[method-assign]
+        saver.copy_thread("t", "copy")
+        pruner.join(30)
+        assert pruned == [True]
+        states = list(graph.get_state_history({"configurable": {"thread_id": "copy"}}))
+        assert len(states) > 6
+        for state in states:
+            if state.metadata["source"] == "loop":
+                assert contents(state) == expected(6)[: len(contents(state))]
+                assert state.values.get("messages"), state.config
+
+
+def test_a_checkpoint_stored_while_its_thread_is_copied_is_copied_with_its_terms(
+    pg_url: str,
+) -> None:
+    """copy_thread copied the metadata terms, then the checkpoints, each statement
+    reading its own snapshot: a checkpoint another writer committed in between was
+    copied without its terms, and a filtered list of the copy missed it. The terms are
+    now copied after the checkpoints, for the checkpoints copied. (The statements run
+    here one at a time, each in its own snapshot as PostgreSQL reads them, with the
+    other writer's turn after the first.)"""
+    from agentcheck.backends.postgres import _pg
+
+    with PostgresSaver.from_conn_string(pg_url) as saver:
+        graph = chat_graph().compile(checkpointer=saver)
+        sync_chat(graph, "t", 4, run_id="r")
+        op = saver._copy_thread("t", "copy")
+        with psycopg.connect(pg_url, autocommit=True, cursor_factory=psycopg.RawCursor) as conn:
+            answer: Any = None
+            turned = False
+            try:
+                while True:
+                    query = op.send(answer)
+                    cursor = conn.execute(_pg(query.sql), query.params)
+                    answer = cursor.fetchall() if query.fetch else None
+                    if query.sql.startswith("INSERT") and not turned:
+                        turned = True
+                        another_worker_turn(pg_url, "t", 4)
+            except StopIteration:
+                pass
+        assert turned
+        copy = {"configurable": {"thread_id": "copy"}}
+        copied = list(saver.list(copy))
+        assert copied
+        for found in copied:
+            step = found.metadata["step"]
+            by_filter = list(
+                saver.list(copy, filter={"step": step, "source": found.metadata["source"]})
+            )
+            assert found.config in [t.config for t in by_filter], (step, found.metadata)

@@ -637,27 +637,32 @@ class SQL:
         "SELECT channel, version, type FROM agentcheck_blobs "
         "WHERE thread_id = ? AND checkpoint_ns = ?"
     )
-    # A thread copied: first, given (target, source, target), the metadata terms of the
-    # checkpoints the target does not have (one it has keeps its own row, so its own
-    # terms: a pending row of the source would supersede them), pending terms only of
-    # checkpoints the source has. Then, given (target, source), the checkpoints, the
-    # stored values (a version is the same value in both threads) and the pending
-    # writes, which a checkpoint the target has gets too where it lacks them (LangGraph
-    # rebuilds a DeltaChannel from its ancestors' writes).
-    COPY_THREAD_BEFORE: tuple[str, ...] = (
+    # A thread copied: given (target, source), the checkpoints the target does not have
+    # (one it has keeps its own row), the stored values (a version is the same value in
+    # both threads) and the pending writes, which a checkpoint the target has gets too
+    # where it lacks them (LangGraph rebuilds a DeltaChannel from its ancestors' writes).
+    # Then (COPY_THREAD_TERMS, given (target, target, source)) the metadata terms, and on
+    # SQLite the pending terms, of each source checkpoint the target now holds with the
+    # same metadata: the ones just copied, or an equal one it had (whose terms are the
+    # same), not one of its own with other metadata. After the checkpoints, not before:
+    # a checkpoint another writer commits in the source in between (PostgreSQL reads
+    # each statement's own snapshot) would be copied without its terms, and a filtered
+    # list of the copy would miss it.
+    COPY_THREAD_TERMS: tuple[str, ...] = (
         "INSERT INTO agentcheck_metadata_terms (thread_id, checkpoint_ns, checkpoint_id, term) "
         "SELECT ?, s.checkpoint_ns, s.checkpoint_id, s.term FROM agentcheck_metadata_terms s "
-        "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
-        "WHERE c.thread_id = ? AND c.checkpoint_ns = s.checkpoint_ns "
-        "AND c.checkpoint_id = s.checkpoint_id) ON CONFLICT DO NOTHING",
+        "JOIN agentcheck_checkpoints t ON t.thread_id = ? AND t.checkpoint_ns = s.checkpoint_ns "
+        "AND t.checkpoint_id = s.checkpoint_id JOIN agentcheck_checkpoints c "
+        "ON c.thread_id = s.thread_id AND c.checkpoint_ns = s.checkpoint_ns "
+        "AND c.checkpoint_id = s.checkpoint_id AND c.metadata = t.metadata "
+        "WHERE s.thread_id = ? ON CONFLICT DO NOTHING",
         "INSERT INTO agentcheck_pending_terms (thread_id, checkpoint_ns, checkpoint_id, terms) "
         "SELECT ?, s.checkpoint_ns, s.checkpoint_id, s.terms FROM agentcheck_pending_terms s "
-        "WHERE s.thread_id = ? AND NOT EXISTS (SELECT 1 FROM agentcheck_checkpoints c "
-        "WHERE c.thread_id = ? AND c.checkpoint_ns = s.checkpoint_ns "
-        "AND c.checkpoint_id = s.checkpoint_id) AND EXISTS (SELECT 1 "
-        "FROM agentcheck_checkpoints x WHERE x.thread_id = s.thread_id "
-        "AND x.checkpoint_ns = s.checkpoint_ns AND x.checkpoint_id = s.checkpoint_id) "
-        "ON CONFLICT DO NOTHING",
+        "JOIN agentcheck_checkpoints t ON t.thread_id = ? AND t.checkpoint_ns = s.checkpoint_ns "
+        "AND t.checkpoint_id = s.checkpoint_id JOIN agentcheck_checkpoints c "
+        "ON c.thread_id = s.thread_id AND c.checkpoint_ns = s.checkpoint_ns "
+        "AND c.checkpoint_id = s.checkpoint_id AND c.metadata = t.metadata "
+        "WHERE s.thread_id = ? ON CONFLICT DO NOTHING",
     )
     COPY_THREAD = (
         "INSERT INTO agentcheck_checkpoints (thread_id, checkpoint_ns, checkpoint_id, "

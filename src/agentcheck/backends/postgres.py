@@ -49,8 +49,8 @@ class PostgresSQL(SQL):
     DELETE_CHECKPOINT = tuple(
         q for q in SQL.DELETE_CHECKPOINT if "agentcheck_pending_terms" not in q
     )
-    COPY_THREAD_BEFORE = tuple(
-        q for q in SQL.COPY_THREAD_BEFORE if "agentcheck_pending_terms" not in q
+    COPY_THREAD_TERMS = tuple(
+        q for q in SQL.COPY_THREAD_TERMS if "agentcheck_pending_terms" not in q
     )
     # 0x61676e74 = "agnt": an arbitrary constant shared by every agentcheck process.
     MIGRATION_LOCK = "SELECT pg_advisory_xact_lock(1634168436)"

@@ -101,7 +101,14 @@ class RetentionCore(SaverCore):
         whose parent that was lose their parent (SQL.CLEAR_PARENT), and the stored values
         none of them refers to are deleted, keeping the snapshots that referenced deltas
         are built on, and each channel's newest snapshot (a writer may still be making
-        deltas of it)."""
+        deltas of it).
+
+        The values are read before the checkpoints: a put another writer commits in
+        between (PostgreSQL reads each statement's own snapshot; a put that builds on
+        no existing row does not wait for the deletion's locks) then has its checkpoint
+        read, and its values are either among those it refers to or not read at all.
+        Read the other way round, they were deleted as unused."""
+        blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
         rows = yield Query(self.sql.SELECT_NS_CHECKPOINTS, (thread_id, ns), fetch=True)
         orphans = [(thread_id, ns, row[0]) for row in rows if row[1] in deleted]
         if orphans:
@@ -112,7 +119,6 @@ class RetentionCore(SaverCore):
             referenced.update((ch, str(v)) for ch, v in rest.get("channel_versions", {}).items())
             for ch, chain in (rest.get(BASES_KEY) or {}).items():
                 referenced.update((ch, str(v)) for v in chain)
-        blob_rows = yield Query(self.sql.SELECT_BLOB_KEYS, (thread_id, ns), fetch=True)
         deltas = [(ch, v) for ch, v, type_ in blob_rows if type_.startswith(DELTA)]
         needed = [pair for pair in deltas if pair in referenced]
         if needed:
@@ -131,12 +137,16 @@ class RetentionCore(SaverCore):
     def _copy_thread(self, source_thread_id: str, target_thread_id: str) -> Operation[None]:
         source = id_text(source_thread_id, "source_thread_id")
         target = id_text(target_thread_id, "target_thread_id")
+        # A deletion in the source (prune, delete_for_runs) waits until the copy is
+        # made: between two of its statements it would leave copied checkpoints without
+        # their values (PostgreSQL; SQLite's writers take turns anyway).
+        yield from self._lock_threads(self.sql.LOCK_THREAD_DELETION, sorted({source, target}))
         if self.sql.PENDING_TERMS:
             yield Query(self.sql.DELETE_ORPHAN_PENDING_TERMS, (target,))
-        for statement in self.sql.COPY_THREAD_BEFORE:  # before the checkpoints they follow
-            yield Query(statement, (target, source, target))
         for statement in self.sql.COPY_THREAD:
             yield Query(statement, (target, source))
+        for statement in self.sql.COPY_THREAD_TERMS:  # after the checkpoints they follow
+            yield Query(statement, (target, target, source))
         return None
 
     def _prune(self, thread_ids: Sequence[str], strategy: str) -> Operation[None]:
