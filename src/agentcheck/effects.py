@@ -504,7 +504,12 @@ def _protocol(
             step_key=step_key,
             scope=ctx.scope,
         )
-        if step.status == "failed":
+        if step.status == "paused":
+            # Taken over once, then paused at its own question: it runs again after the
+            # same questions as then (the policy's, the answers passed over).
+            _pass_used_answers(ctx, step.asked_at)
+            claim = yield claim_again(step)
+        elif step.status == "failed":
             # The next 16 calls of the same name, by key (a retry loop's).
             first, last = ordinal[1] + 1, ordinal[1] + 16
             later = {ctx.key_at((ordinal[0], n)): n for n in range(first, last + 1)}
@@ -543,27 +548,42 @@ def _protocol(
         elif spec.on_unknown == "retry":
             claim = yield claim_again(step)
         elif spec.on_unknown == "ask" and ctx.ask is not None:
+            seen = step.owner
+
+            def mark_asked(at: int) -> _Db:
+                return _Db(lambda: ops.mark_asked(ctx.scope, step_key, owner=seen, at=at))
+
             at = _pass_used_answers(ctx, step.asked_at)
             if at is not None and at != step.asked_at:
-                seen = step.owner
-                yield _Db(lambda: ops.mark_asked(ctx.scope, step_key, owner=seen, at=at))
-            answer = yield _Ask(
-                {
-                    "type": "agentcheck.unknown_outcome",
-                    "tool": spec.name,
-                    "args": step.args,
-                    "idempotency_key": key,
-                    "started_at": step.started_at,
-                    "attempts": step.attempts,
-                    "step_key": step_key,
-                    "choices": {
-                        "retry": "run the call again",
-                        "result": "do not run it; use the given result",
-                        "skip": "do not run it; the result is None",
-                    },
-                }
-            )
-            action, value = _parse_answer(answer)
+                yield mark_asked(at)
+            question: dict[str, Any] = {
+                "type": "agentcheck.unknown_outcome",
+                "tool": spec.name,
+                "args": step.args,
+                "idempotency_key": key,
+                "started_at": step.started_at,
+                "attempts": step.attempts,
+                "step_key": step_key,
+                "choices": {
+                    "retry": "run the call again",
+                    "result": "do not run it; use the given result",
+                    "skip": "do not run it; the result is None",
+                },
+            }
+            while True:
+                answer = yield _Ask(question)
+                try:
+                    action, value = _parse_answer(answer)
+                    break
+                except ValueError as exc:
+                    # An answer it cannot understand is kept by LangGraph as that
+                    # question's: asked again, as the next question (saying why), or
+                    # the thread would meet the same answer at every resume.
+                    position = ctx.interrupt_position() if ctx.interrupt_position else None
+                    if position is None:
+                        raise
+                    yield mark_asked(position[0])
+                    question = {**question, "error": str(exc)}
             claim = yield claim_again(step)
             if claim.owned and action != "retry":
                 yield _Db(
@@ -585,10 +605,19 @@ def _protocol(
             # Someone else took the step between our look and our claim.
             raise ToolOutcomeUnknown(outcome)
 
+    # Where among the task's questions the call's own begin: after a take-over, past
+    # the ones the policy asked or passed over in this execution.
+    position = ctx.interrupt_position() if ctx.interrupt_position is not None else None
     try:
         result = yield _Call(key)
     except _pause_errors:
-        yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
+        if claim.step.attempts > 1 and position is not None:
+            # Kept, not forgotten: a claim made anew would not pass over those
+            # questions, and the call's own would meet their answers.
+            start = position[0]
+            yield _Db(lambda: ops.pause(ctx.scope, step_key, owner=owner, at=start))
+        else:
+            yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
         raise
     except Exception as exc:
         # The call reported its own failure. (A cancellation or KeyboardInterrupt is
@@ -660,7 +689,12 @@ def _pass_used_answers(ctx: CallContext, asked_at: int | None) -> int | None:
     if position is None or ctx.skip_interrupts is None:
         return None
     next_index, answered = position
-    at = asked_at if asked_at is not None and asked_at >= next_index else max(next_index, answered)
+    # (An asked_at past the task's answers is another task's: update_state made the
+    # node a new task, whose answers start again.)
+    if asked_at is not None and next_index <= asked_at <= answered:
+        at = asked_at
+    else:
+        at = max(next_index, answered)
     ctx.skip_interrupts(at - next_index)
     return at
 

@@ -49,7 +49,7 @@ __all__ = [
 
 T = TypeVar("T")
 RunStatus = Literal["running", "succeeded", "failed", "interrupted", "crashed"]
-StepStatus = Literal["started", "completed", "failed"]
+StepStatus = Literal["started", "completed", "failed", "paused"]
 Effect = Literal["pure", "idempotent", "side_effect"]
 
 _REPR = "repr"  # type tag of a payload stored as its repr() because it could not be serialized
@@ -262,7 +262,8 @@ class Step(_DecodedWhenRead):
     # How many interrupt() calls of its task the call made (LangGraph), when completed.
     interrupts: int = field(hash=False)
     # Started: the index among its task's interrupt() calls of the "ask" policy's
-    # question about this attempt's unknown outcome, once asked; else None.
+    # question about this attempt's unknown outcome, once asked; paused: that of the
+    # call's own first question; else None.
     asked_at: int | None = field(default_factory=_none, hash=False)
     args: Any = field(default_factory=_none, hash=False)  # the call's recorded arguments
     # Its recorded result (None unless completed).
@@ -687,6 +688,13 @@ class JournalOps:
     def release(self, scope: str, step_key: str, *, owner: str) -> Operation[None]:
         """Forget a claim whose call never began its effect (it paused for an interrupt)."""
         yield Query(self.sql.RELEASE_STEP, (scope, step_key, owner))
+        return None
+
+    def pause(self, scope: str, step_key: str, *, owner: str, at: int) -> Operation[None]:
+        """A call taken over (after a crash or a failure) that paused for an interrupt
+        before its effect: kept as ``paused``, with where among its task's questions its
+        own begin (``asked_at``), so that it runs again after the same ones."""
+        yield Query(self.sql.PAUSE_STEP, (at, scope, step_key, owner))
         return None
 
     # -- reads ------------------------------------------------------------------------

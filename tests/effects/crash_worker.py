@@ -387,8 +387,10 @@ def build_approve(variant: str) -> Any:
         return {"status": f"{charged}; shipping: {ship}"}
 
     builder = StateGraph(OrderState)
+    builder.add_node("prep", lambda state: {})  # (an operator's edit is made as this node)
     builder.add_node("checkout", checkout)
-    builder.add_edge(START, "checkout")
+    builder.add_edge(START, "prep")
+    builder.add_edge("prep", "checkout")
     builder.add_edge("checkout", END)
     return builder.compile(checkpointer=SAVER)
 
@@ -461,6 +463,8 @@ def run(graph: Any, inputs: Any) -> dict[str, Any]:
         # last message (its tool calls) is written again, unchanged, as the agent's.
         if SCENARIO == "fanout":  # a note as the planner's: it sends the branches again
             graph.update_state(CONFIG, {"note": "checked"}, as_node="plan")
+        elif SCENARIO.startswith("approve_"):  # a note as the node before the checkout's
+            graph.update_state(CONFIG, {"charge": {"checked": True}}, as_node="prep")
         else:
             last = graph.get_state(CONFIG).values["messages"][-1]
             graph.update_state(CONFIG, {"messages": [last]}, as_node="agent")

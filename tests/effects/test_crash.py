@@ -526,6 +526,46 @@ def test_a_charge_that_asked_its_approval_then_was_killed_uses_no_answer_twice(
     assert env.step("charge_card").status == "completed"
 
 
+def test_after_a_retry_the_call_asks_its_approval_again_and_a_denial_holds(env: Env) -> None:
+    """The charge is approved, charges and is killed; the human answers the unknown
+    outcome with "retry"; the retried charge asks its approval again, and is denied.
+    Its claim was forgotten when it paused at that question, and the next execution,
+    claiming it anew, gave its question the first approval: the card was charged a
+    second time, and "Ship the order?" got "retry" unasked. A call taken over that
+    pauses is now kept (paused) with where its own questions begin."""
+    run_phase("approve_ask", env, "start")
+    kill_at("approve_ask", env, "INSIDE_TOOL", phase="answer_crash", answer="approve")
+    asked = run_phase("approve_ask", env, "resume")
+    assert asked.result["interrupts"][0]["type"] == "agentcheck.unknown_outcome"
+
+    again = run_phase("approve_ask", env, "answer", "retry")
+    assert again.result["interrupts"] == [{"question": "Charge 42?"}], again.result
+    assert env.step("charge_card").status == "paused"
+    denied = run_phase("approve_ask", env, "answer", "deny")
+    assert denied.result["interrupts"] == [{"question": "Ship the order?"}], denied.result
+    done = run_phase("approve_ask", env, "answer", "yes")
+    assert done.result["values"]["status"] == "not approved; shipping: yes", done.result
+    assert len(env.charges) == 1
+
+
+def test_an_edit_while_the_policy_asks_leaves_the_next_answer_to_it(env: Env) -> None:
+    """An operator edits the state (update_state) while the unknown outcome's question
+    waits: LangGraph runs the node as a new task, with no answers yet. The question's
+    place was taken from the old task, and the human's next answer was passed over as
+    used: the question came back. It is asked anew in the new task, and answered."""
+    run_phase("approve_ask", env, "start")
+    kill_at("approve_ask", env, "INSIDE_TOOL", phase="answer_crash", answer="approve")
+    run_phase("approve_ask", env, "resume")
+    edited = run_phase("approve_ask", env, "edit")
+    assert edited.result["interrupts"][0]["type"] == "agentcheck.unknown_outcome", edited.result
+
+    answered = run_phase("approve_ask", env, "answer", {"result": "charged 42 (by ops)"})
+    assert answered.result["interrupts"] == [{"question": "Ship the order?"}], answered.result
+    done = run_phase("approve_ask", env, "answer", "yes")
+    assert done.result["values"]["status"] == "charged 42 (by ops); shipping: yes"
+    assert len(env.charges) == 1
+
+
 # -- 5. the contrast: the same crash without agentcheck ------------------------------------
 
 

@@ -2000,20 +2000,31 @@ async def test_a_node_interrupt_after_an_answered_ask_gets_its_own_answer(
 
 
 @parametrize_kinds
-async def test_unknown_outcome_ask_rejects_an_unclear_answer(
+async def test_unknown_outcome_ask_asks_again_after_an_unclear_answer(
     kind: str, saver: Any, db: dict[str, str]
 ) -> None:
+    """An answer the policy cannot understand raised a ValueError, and LangGraph kept it
+    as that question's answer: every later resume met it again, the thread stuck for
+    good. The question is now asked again, saying why, and its next answer is used."""
     calls: list[int] = []
     fn = charge_fn(kind, calls, decorate=side_effect(on_unknown="ask"))
     graph = await left_started(kind, saver, db, fn)
     await call(graph, "invoke", kind, None, config("t1"))
 
-    with pytest.raises(ValueError, match="cannot understand the answer 'maybe'") as info:
-        await call(graph, "invoke", kind, Command(resume="maybe"), config("t1"))
-
-    assert "'retry', 'skip' or {'result'" in str(info.value)
+    again = await call(graph, "invoke", kind, Command(resume="maybe"), config("t1"))
+    question = again["__interrupt__"][0].value
+    assert question["type"] == "agentcheck.unknown_outcome"
+    assert "cannot understand the answer 'maybe'" in question["error"]
+    assert "'retry', 'skip' or {'result'" in question["error"]
     assert calls == [5]
     assert (await only_step(saver, kind, "t1")).status == "started"
+
+    still = await call(graph, "invoke", kind, None, config("t1"))  # a resume with no answer
+    assert still["__interrupt__"][0].value["error"] == question["error"]
+    final = await call(graph, "invoke", kind, Command(resume={"result": "ok"}), config("t1"))
+    assert final["out"] == ["ok"]
+    assert calls == [5]
+    assert (await only_step(saver, kind, "t1")).status == "completed"
 
 
 def test_side_effect_refuses_on_unknown_retry_at_decoration() -> None:

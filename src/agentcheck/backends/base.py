@@ -792,6 +792,10 @@ class SQL:
         "UPDATE agentcheck_steps SET asked_at = ? "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
+    PAUSE_STEP = (
+        "UPDATE agentcheck_steps SET status = 'paused', asked_at = ? "
+        "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
+    )
     RELEASE_STEP = (
         "DELETE FROM agentcheck_steps "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
