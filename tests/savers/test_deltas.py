@@ -1232,3 +1232,44 @@ def test_a_checkpoint_stored_while_its_thread_is_copied_is_copied_with_its_terms
                 saver.list(copy, filter={"step": step, "source": found.metadata["source"]})
             )
             assert found.config in [t.config for t in by_filter], (step, found.metadata)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_values_only_deleted_checkpoints_used_are_deleted_with_them(
+    kind: str, sqlite_path: str, pg_url: str
+) -> None:
+    """delete_for_runs of a thread's newest run kept that run's values (its input, its
+    message list): each channel's newest stored value was always kept, for a writer
+    that might build on it, so a secret the run was given stayed in the database. They
+    are deleted now; a saver that still builds on one stores its list whole instead."""
+    secret = "SSN 078-05-1120"
+    async with (
+        open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as saver,
+        open_saver(kind, sqlite_path=sqlite_path, pg_url=pg_url) as other,
+    ):
+        graph = chat_graph().compile(checkpointer=saver)
+        await run_chat(graph, kind, "t", 12, run_id="r")
+        # The secret turn is written by another saver, which remembers its message list.
+        other_graph = chat_graph().compile(checkpointer=other)
+        config = {"configurable": {"thread_id": "t"}, "metadata": {"run_id": "r-secret"}}
+        question = HumanMessage(content=secret, id="secret")
+        await call(other_graph, "invoke", kind, {"messages": [question], "turn": 12}, config)
+        await call(saver, "delete_for_runs", kind, ["r-secret"])
+        thread = {"configurable": {"thread_id": "t"}}
+        stored = raw_sql(
+            kind,
+            sqlite_path,
+            pg_url,
+            "SELECT type, blob FROM agentcheck_blobs WHERE thread_id = ?",
+            ("t",),
+        )
+        # (Decompressed: PostgreSQL's are stored compressed.)
+        payloads = [saver.codec.decode(type_, bytes(blob))[1] for type_, blob in stored]
+        assert payloads and not any(secret.encode() in payload for payload in payloads)
+        assert await messages_at(graph, kind, thread) == expected(12)
+
+        # Writing goes on, in the saver that remembered the deleted list and in this one.
+        await run_chat(other_graph, kind, "t", 13, start=12)
+        assert await messages_at(graph, kind, thread) == expected(13)
+        await run_chat(graph, kind, "t", 14, start=13)
+        assert await messages_at(other_graph, kind, thread) == expected(14)

@@ -100,8 +100,11 @@ class RetentionCore(SaverCore):
         """After checkpoints of (thread, namespace) were ``deleted``: the remaining ones
         whose parent that was lose their parent (SQL.CLEAR_PARENT), and the stored values
         none of them refers to are deleted, keeping the snapshots that referenced deltas
-        are built on, and each channel's newest snapshot (a writer may still be making
-        deltas of it).
+        are built on. (A channel's newest snapshot was kept too, for a writer that may
+        still be making deltas of it; it kept a deleted run's values, and a namespace's
+        whose checkpoints are all gone. A writer whose delta is built on a deleted value
+        stores it whole instead, see SaverCore._check_bases; on PostgreSQL the
+        deletion's LOCK_THREAD_VALUES holds its check until the deletion is committed.)
 
         The values are read before the checkpoints: a put another writer commits in
         between (PostgreSQL reads each statement's own snapshot; a put that builds on
@@ -124,11 +127,6 @@ class RetentionCore(SaverCore):
         if needed:
             found = yield from self._fetch_blobs(thread_id, ns, needed)
             referenced.update(found)  # with the snapshots the deltas need
-        newest: dict[str, str] = {}
-        for ch, v, type_ in blob_rows:
-            if type_ != _EMPTY and not type_.startswith(DELTA) and v > newest.get(ch, ""):
-                newest[ch] = v
-        referenced.update(newest.items())
         unused = [(thread_id, ns, ch, v) for ch, v, _type in blob_rows if (ch, v) not in referenced]
         if unused:
             yield Query(self.sql.DELETE_BLOB, unused, many=True)
