@@ -124,7 +124,10 @@ class CallContext:
         count_interrupts: makes the framework report each time the code running in
             this context asks a human (see :func:`note_interrupt`); False if it cannot.
         skip_interrupts: passes over that many: a replayed call asks nothing, and the
-            framework matches answers to questions by their order (LangGraph).
+            framework matches answers to questions by their order (LangGraph). With
+            ``fill``, the questions were answered in another task (this one continues
+            it after update_state): none of this task's answers is theirs.
+        task: the framework's id of the task the call runs in (LangGraph's task id).
         interrupt_position: (the index the task's next question gets, how many of its
             questions are answered), or None if the framework cannot tell: after a
             crash, the answers past that index were used by the attempt that crashed.
@@ -148,7 +151,8 @@ class CallContext:
     ask: Callable[[Any], Any] | None = None
     framework: str | None = None
     count_interrupts: Callable[[], bool] | None = None
-    skip_interrupts: Callable[[int], None] | None = None
+    skip_interrupts: Callable[[int, bool], None] | None = None
+    task: str | None = None
     interrupt_position: Callable[[], tuple[int, int] | None] | None = None
     resolve_prefix: Callable[[], Any] | None = None
     position: tuple[str, str] | None = None
@@ -422,9 +426,13 @@ def _protocol(
     # Before the first I/O (finding a resumed task's prefix is one), which calls started
     # together (asyncio.gather) may finish in any order.
     ordinal = ordinal or ctx.take_ordinal(spec.kind, spec.name)
+    own_prefix = ctx.key_prefix
     if ctx.resolve_prefix is not None:
         ctx.key_prefix = yield _Db(ctx.resolve_prefix)
         ctx.resolve_prefix = None
+    # Keys of another task: this one continues it (LangGraph runs a node paused at an
+    # update_state as a new task), and its answers are all new.
+    continued = ctx.key_prefix != own_prefix
     if ctx.stored_first is not None:
         yield from _until_stored(ctx, ctx.stored_first)
     step_key = ctx.key_at(ordinal)
@@ -491,7 +499,7 @@ def _protocol(
             if step.interrupts and ctx.skip_interrupts is not None:
                 # The call asked a human when it ran; the questions after it in the task
                 # must still meet their own answers.
-                ctx.skip_interrupts(step.interrupts)
+                ctx.skip_interrupts(step.interrupts, continued)
             # Only a note in the journal: losing it to a power failure loses nothing.
             yield _Db(lambda: ops.log(event("replay")), False)
             return step.result, key
@@ -507,7 +515,7 @@ def _protocol(
         if step.status == "paused":
             # Taken over once, then paused at its own question: it runs again after the
             # same questions as then (the policy's, the answers passed over).
-            _pass_used_answers(ctx, step.asked_at)
+            _pass_used_answers(ctx, step, continued)
             claim = yield claim_again(step)
         elif step.status == "failed":
             # The next 16 calls of the same name, by key (a retry loop's).
@@ -522,7 +530,7 @@ def _protocol(
                 # would make the effect again and never reach the retry's record.
                 ctx.skip_past(ordinal[0], later[retry.step_key])
                 if retry.interrupts and ctx.skip_interrupts is not None:
-                    ctx.skip_interrupts(retry.interrupts)
+                    ctx.skip_interrupts(retry.interrupts, continued)
                 yield _Db(lambda: ops.log(event("replay")), False)
                 return retry.result, idempotency_key_for(ctx.scope, retry.step_key)
             # It raised last time: it reported its own failure, so running it is safe.
@@ -533,7 +541,7 @@ def _protocol(
             if claim.owned and found is not NOT_DONE:
                 # Not run again: the questions the crashed attempt had answered are
                 # passed over, as a replay of this step will (they are its own).
-                _pass_used_answers(ctx, None)
+                _pass_used_answers(ctx, step, continued)
                 yield _Db(
                     lambda: ops.complete(
                         ctx.scope,
@@ -551,10 +559,12 @@ def _protocol(
             seen = step.owner
 
             def mark_asked(at: int) -> _Db:
-                return _Db(lambda: ops.mark_asked(ctx.scope, step_key, owner=seen, at=at))
+                return _Db(
+                    lambda: ops.mark_asked(ctx.scope, step_key, owner=seen, at=at, task=ctx.task)
+                )
 
-            at = _pass_used_answers(ctx, step.asked_at)
-            if at is not None and at != step.asked_at:
+            at = _pass_used_answers(ctx, step, continued)
+            if at is not None and (at, ctx.task) != (step.asked_at, step.asked_in):
                 yield mark_asked(at)
             question: dict[str, Any] = {
                 "type": "agentcheck.unknown_outcome",
@@ -615,7 +625,7 @@ def _protocol(
             # Kept, not forgotten: a claim made anew would not pass over those
             # questions, and the call's own would meet their answers.
             start = position[0]
-            yield _Db(lambda: ops.pause(ctx.scope, step_key, owner=owner, at=start))
+            yield _Db(lambda: ops.pause(ctx.scope, step_key, owner=owner, at=start, task=ctx.task))
         else:
             yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
         raise
@@ -676,26 +686,30 @@ def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Ac
         ctx.counters[_STORED] = 1
 
 
-def _pass_used_answers(ctx: CallContext, asked_at: int | None) -> int | None:
-    """Before a step whose outcome is unknown is settled without running it, or before
-    the "ask" policy's question about it: pass over the answers its crashed attempts
-    used (the task's answers past its next question; LangGraph keeps a task's answers
-    across crashes and matches them to questions by their order), or up to
-    ``asked_at``, this attempt's question already asked, whose answer is the one to
-    use. Else an old answer (its own approval, the human's "retry" of an attempt that
-    then crashed as well) would answer a new question. Returns the index of the next
-    question, or None if the framework cannot tell."""
+def _pass_used_answers(ctx: CallContext, step: Step, continued: bool) -> int | None:
+    """Before a step whose outcome is unknown is settled without running it, before
+    the "ask" policy's question about it, or before a paused call runs again: pass over
+    the answers its crashed attempts used (the task's answers past its next question;
+    LangGraph keeps a task's answers across crashes and matches them to questions by
+    their order), or up to the step's ``asked_at`` in this task (the policy's question
+    already asked, whose answer is the one to use; a paused call's own first question).
+    Else an old answer (its own approval, the human's "retry" of an attempt that then
+    crashed as well) would answer a new question. In a task that ``continued`` another
+    (update_state), no answer was used yet: nothing is passed over but up to an
+    ``asked_at`` of its own. Returns the index of the next question, or None if the
+    framework cannot tell."""
     position = ctx.interrupt_position() if ctx.interrupt_position is not None else None
     if position is None or ctx.skip_interrupts is None:
         return None
     next_index, answered = position
-    # (An asked_at past the task's answers is another task's: update_state made the
-    # node a new task, whose answers start again.)
-    if asked_at is not None and next_index <= asked_at <= answered:
+    asked_at = step.asked_at
+    if asked_at is not None and step.asked_in == ctx.task and next_index <= asked_at <= answered:
         at = asked_at
+    elif continued:
+        at = next_index
     else:
         at = max(next_index, answered)
-    ctx.skip_interrupts(at - next_index)
+    ctx.skip_interrupts(at - next_index, False)
     return at
 
 

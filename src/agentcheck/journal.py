@@ -265,6 +265,7 @@ class Step(_DecodedWhenRead):
     # question about this attempt's unknown outcome, once asked; paused: that of the
     # call's own first question; else None.
     asked_at: int | None = field(default_factory=_none, hash=False)
+    asked_in: str | None = None  # the task (LangGraph's task id) asked_at is of
     args: Any = field(default_factory=_none, hash=False)  # the call's recorded arguments
     # Its recorded result (None unless completed).
     result: Any = field(default_factory=_none, hash=False)
@@ -356,8 +357,8 @@ class JournalOps:
 
     def _step(self, row: Sequence[Any]) -> Step:
         (scope, key, run_id, kind, name, effect, status, idem, attempts, owner, started,
-         finished, args_type, args, result_type, result, error, interrupts,
-         asked) = row  # fmt: skip
+         finished, args_type, args, result_type, result, error, interrupts, asked,
+         asked_in) = row  # fmt: skip
         where = f"step {key!r} in scope {scope!r}"
         decoders = {
             "args": lambda: self.load(args_type, args, f"the arguments of {where}"),
@@ -385,6 +386,7 @@ class JournalOps:
             error=error,
             interrupts=None,
             asked_at=None,
+            asked_in=asked_in,
         )
 
     def _run(self, row: Sequence[Any]) -> Run:
@@ -612,7 +614,8 @@ class JournalOps:
         )
         # The row as inserted, in SELECT_STEP's columns; none if the step existed.
         row = (scope, step_key, run_id, kind, name, effect, "started", idempotency_key, 1,
-               owner, started_at, None, atype, adata, None, None, None, None, None)  # fmt: skip
+               owner, started_at, None, atype, adata, None, None, None, None, None,
+               None)  # fmt: skip
         return (yield from self._claimed([row] if inserted else [], scope, step_key, owner, event))
 
     def reclaim(
@@ -631,10 +634,12 @@ class JournalOps:
         )
         return (yield from self._claimed(rows, scope, step_key, owner, event))
 
-    def mark_asked(self, scope: str, step_key: str, *, owner: str, at: int) -> Operation[None]:
-        """Record where among its task's interrupts the "ask" policy's question about
-        the unknown outcome of a step (still the ``owner``'s) is."""
-        yield Query(self.sql.MARK_ASKED, (at, scope, step_key, owner))
+    def mark_asked(
+        self, scope: str, step_key: str, *, owner: str, at: int, task: str | None
+    ) -> Operation[None]:
+        """Record where among the interrupts of its ``task`` the "ask" policy's question
+        about the unknown outcome of a step (still the ``owner``'s) is."""
+        yield Query(self.sql.MARK_ASKED, (at, task, scope, step_key, owner))
 
     def _claimed(
         self, rows: Rows, scope: str, step_key: str, owner: str, event: EventSpec | None
@@ -690,11 +695,13 @@ class JournalOps:
         yield Query(self.sql.RELEASE_STEP, (scope, step_key, owner))
         return None
 
-    def pause(self, scope: str, step_key: str, *, owner: str, at: int) -> Operation[None]:
+    def pause(
+        self, scope: str, step_key: str, *, owner: str, at: int, task: str | None
+    ) -> Operation[None]:
         """A call taken over (after a crash or a failure) that paused for an interrupt
         before its effect: kept as ``paused``, with where among its task's questions its
-        own begin (``asked_at``), so that it runs again after the same ones."""
-        yield Query(self.sql.PAUSE_STEP, (at, scope, step_key, owner))
+        own begin (``asked_at``, in ``task``), so that it runs again after the same ones."""
+        yield Query(self.sql.PAUSE_STEP, (at, task, scope, step_key, owner))
         return None
 
     # -- reads ------------------------------------------------------------------------

@@ -6,7 +6,8 @@
   ``model``,
   ``tool_<variant>`` (``raise``, ``reconcile``, ``reconcile_absent``, ``idempotent``, ``ask``),
   ``approve_<variant>`` (``reconcile``, ``ask``: a charge that asks its own approval, then
-  the node's own question).
+  the node's own question), ``confirm_<variant>`` (the same policies: the node's own
+  question first, then the charge).
 * ``DB``: a SQLite path (``SqliteSaver``) or a ``postgresql://`` URL (``PostgresSaver``).
   Scenario ``agent_unwrapped`` uses the official ``langgraph.checkpoint.sqlite.SqliteSaver``
   and no agentcheck wrapper at all (the contrast: what happens without agentcheck).
@@ -358,6 +359,16 @@ def build_tool(variant: str) -> Any:
     return builder.compile(checkpointer=SAVER)
 
 
+def charge_policy(variant: str) -> Any:
+    """The decorator of a charge whose outcome a crash leaves unknown: ``reconcile``
+    (looks the charge up by its key) or ``ask`` (asks a human)."""
+    if variant == "reconcile":
+        return side_effect(reconcile=find_charge)
+    if variant == "ask":
+        return side_effect(on_unknown="ask")
+    raise SystemExit(f"unknown policy {variant!r}")
+
+
 def build_approve(variant: str) -> Any:
     """A checkout whose charge asks its own approval (interrupt() inside the wrapped
     call, before the effect; killed after it), then the node asks whether to ship."""
@@ -369,15 +380,7 @@ def build_approve(variant: str) -> Any:
         marker("INSIDE_TOOL", kill_point=True, key=key)
         return f"charged {amount}"
 
-    decorator: Any
-    if variant == "reconcile":
-        decorator = side_effect(reconcile=find_charge)
-    elif variant == "ask":
-        decorator = side_effect(on_unknown="ask")
-    else:
-        raise SystemExit(f"unknown approve variant {variant!r}")
-
-    @decorator
+    @charge_policy(variant)
     def charge_card(amount: int, idempotency_key: str) -> str:
         return body(amount, idempotency_key)
 
@@ -391,6 +394,26 @@ def build_approve(variant: str) -> Any:
     builder.add_node("checkout", checkout)
     builder.add_edge(START, "prep")
     builder.add_edge("prep", "checkout")
+    builder.add_edge("checkout", END)
+    return builder.compile(checkpointer=SAVER)
+
+
+def build_confirm(variant: str) -> Any:
+    """The node asks its own question first, then makes a charge (killed after it)."""
+
+    @charge_policy(variant)
+    def charge_card(amount: int, idempotency_key: str) -> str:
+        record_effect(CHARGES, key=idempotency_key, amount=amount)
+        marker("INSIDE_TOOL", kill_point=True, key=idempotency_key)
+        return f"charged {amount}"
+
+    def checkout(state: OrderState) -> dict[str, Any]:
+        confirmed = interrupt({"question": "Confirm the order?"})
+        return {"status": f"{confirmed}; {charge_card(state['amount'])}"}
+
+    builder = StateGraph(OrderState)
+    builder.add_node("checkout", checkout)
+    builder.add_edge(START, "checkout")
     builder.add_edge("checkout", END)
     return builder.compile(checkpointer=SAVER)
 
@@ -423,6 +446,8 @@ def build() -> tuple[Any, Any]:
         return build_model(), {"messages": [HumanMessage("Where is order 1001?")]}
     if SCENARIO.startswith("tool_"):
         return build_tool(SCENARIO.removeprefix("tool_")), tool_input()
+    if SCENARIO.startswith("confirm_"):
+        return build_confirm(SCENARIO.removeprefix("confirm_")), {"amount": 42}
     if SCENARIO.startswith("approve_"):
         return build_approve(SCENARIO.removeprefix("approve_")), {"amount": 42}
     raise SystemExit(f"unknown scenario {SCENARIO!r}")

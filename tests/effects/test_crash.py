@@ -566,6 +566,32 @@ def test_an_edit_while_the_policy_asks_leaves_the_next_answer_to_it(env: Env) ->
     assert len(env.charges) == 1
 
 
+@pytest.mark.parametrize("variant", ["reconcile", "ask"])
+def test_a_question_answered_before_a_killed_charge_is_not_asked_again(
+    env: Env, variant: str
+) -> None:
+    """The node's own question is answered with Command(resume=...), then its charge is
+    killed. Passing over the answers the killed execution used counted that answer
+    twice (LangGraph still shows it once used): the human was shown a question with no
+    value, and their answer to it was lost, even with reconcile=, which needs no one."""
+    scenario = f"confirm_{variant}"
+    asked = run_phase(scenario, env, "start")
+    assert asked.result["interrupts"] == [{"question": "Confirm the order?"}], asked.result
+    kill_at(scenario, env, "INSIDE_TOOL", phase="answer_crash", answer="ok")
+
+    resumed = run_phase(scenario, env, "resume")
+    if variant == "ask":
+        [question] = resumed.result["interrupts"]
+        assert question["type"] == "agentcheck.unknown_outcome", resumed.result
+        resumed = run_phase(scenario, env, "answer", {"result": "charged 42 (by ops)"})
+        assert resumed.result["values"]["status"] == "ok; charged 42 (by ops)", resumed.result
+    else:
+        assert resumed.result["status"] == "done", resumed.result
+        assert resumed.result["values"]["status"] == "ok; charged 42 (found by key)"
+    assert len(env.charges) == 1
+    assert env.step("charge_card").status == "completed"
+
+
 # -- 5. the contrast: the same crash without agentcheck ------------------------------------
 
 

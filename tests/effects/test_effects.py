@@ -1999,6 +1999,71 @@ async def test_a_node_interrupt_after_an_answered_ask_gets_its_own_answer(
     assert (step.status, step.interrupts) == ("completed", 1)
 
 
+class EditedOrder(TypedDict, total=False):
+    note: str
+    out: list[Any]
+
+
+@parametrize_kinds
+async def test_after_an_edit_a_replayed_approval_leaves_the_next_answer_to_its_question(
+    kind: str, saver: Any
+) -> None:
+    """A charge asks its own approval, is approved and completes; the node then asks
+    "Ship?". An operator edits the state (update_state as the node before), and LangGraph
+    runs the node as a new task, with no answers: the charge's replay passed over its
+    question by taking the human's next answer (given for "Ship?"), and "Ship?" was asked
+    again (before that, LangGraph failed an assertion). The replay now keeps the place
+    of a question answered in the task it continues."""
+    calls: list[int] = []
+
+    def approved(amount: int) -> str:
+        if interrupt(f"Charge {amount}?") != "approve":
+            return "denied"
+        calls.append(amount)
+        return f"charged {amount}"
+
+    if is_async(kind):
+
+        @side_effect(on_unknown="ask")
+        async def charge(amount: int) -> str:
+            return approved(amount)
+
+        async def checkout(state: EditedOrder) -> dict[str, Any]:
+            charged = await charge(42)
+            return {"out": [charged, "ship: " + interrupt("Ship?")]}
+
+    else:
+
+        @side_effect(on_unknown="ask")  # type: ignore[no-redef]
+        def charge(amount: int) -> str:
+            return approved(amount)
+
+        def checkout(state: EditedOrder) -> dict[str, Any]:  # type: ignore[misc]
+            charged = charge(42)
+            return {"out": [charged, "ship: " + interrupt("Ship?")]}
+
+    builder = StateGraph(EditedOrder)
+    builder.add_node("prep", lambda state: {})
+    builder.add_node("checkout", checkout)
+    builder.add_edge(START, "prep")
+    builder.add_edge("prep", "checkout")
+    builder.add_edge("checkout", END)
+    graph = builder.compile(checkpointer=saver)
+
+    def asked(result: Any) -> list[Any]:
+        return [i.value for i in result["__interrupt__"]]
+
+    assert asked(await call(graph, "invoke", kind, {"out": []}, config("t1"))) == ["Charge 42?"]
+    assert asked(await call(graph, "invoke", kind, Command(resume="approve"), config("t1"))) == [
+        "Ship?"
+    ]
+    await call(graph, "update_state", kind, config("t1"), {"note": "edited"}, as_node="prep")
+    assert asked(await call(graph, "invoke", kind, None, config("t1"))) == ["Ship?"]
+    final = await call(graph, "invoke", kind, Command(resume="yes"), config("t1"))
+    assert final["out"] == ["charged 42", "ship: yes"]
+    assert calls == [42]
+
+
 @parametrize_kinds
 async def test_unknown_outcome_ask_asks_again_after_an_unclear_answer(
     kind: str, saver: Any, db: dict[str, str]

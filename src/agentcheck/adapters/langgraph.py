@@ -210,7 +210,8 @@ def langgraph_context() -> CallContext | None:
         ask=interrupt,
         framework="langgraph",
         count_interrupts=lambda: _count_interrupts(scratchpad),
-        skip_interrupts=lambda n: _skip_interrupts(scratchpad, n),
+        skip_interrupts=lambda n, fill: _skip_interrupts(scratchpad, n, fill),
+        task=str(task_id) if task_id else None,
         interrupt_position=lambda: _interrupt_position(scratchpad),
     )
 
@@ -330,22 +331,57 @@ def _count_interrupts(scratchpad: Any) -> bool:
     return True
 
 
-def _skip_interrupts(scratchpad: Any, n: int) -> None:
-    """Pass over the task's next ``n`` questions as ``n`` interrupt() calls would (a
-    replayed call that asked a human when it ran): one with an answer is asked, which
-    returns it at once, so that an answer given with ``Command(resume=...)`` and not
-    yet kept with the task's (it was used by an execution that crashed) is taken as
-    that question's, as LangGraph would, not left to answer the next one; one without
-    is only counted."""
+def _skip_interrupts(scratchpad: Any, n: int, fill: bool = False) -> None:
+    """Pass over the task's next ``n`` questions as ``n`` answered interrupt() calls
+    would (a replayed call that asked a human when it ran). One whose answer is kept
+    with the task is only counted. Else, an answer given with ``Command(resume=...)``
+    and not yet used is taken as that question's, as LangGraph would (an execution that
+    crashed had used it there), unless ``fill``: the questions were answered in another
+    task (this one continues it after update_state), and the answer is for a later
+    question. The place is then kept with an empty answer, so that LangGraph gives the
+    next question its own (it takes such an answer only at the place after the kept
+    ones)."""
     counter = getattr(scratchpad, "interrupt_counter", None)
     if counter is None:
         return
+    answers = getattr(scratchpad, "resume", None)
     for _ in range(n):
         position = _interrupt_position(scratchpad)
-        if position is not None and position[0] < position[1]:
-            interrupt(None)  # answered: returns its answer
-        else:
+        if position is None or not isinstance(answers, list):
             counter()
+        elif position[0] < len(answers):
+            counter()  # its answer is kept
+        elif not fill and position[0] < position[1]:
+            interrupt(None)  # takes the pending answer as this question's
+        else:
+            index = counter()
+            if fill:
+                while len(answers) <= index:
+                    answers.append(None)
+
+
+def _null_resume_unused(scratchpad: Any) -> bool:
+    """Whether the answer given with ``Command(resume=...)`` (no interrupt id) is there
+    and not yet used in this execution. ``get_null_resume(False)`` cannot tell: it still
+    returns the answer once an interrupt() has used it. Read from the function's
+    closure, as LangGraph's ``_scratchpad`` makes it (the answer is unused while it is
+    still among the pending writes; a subgraph's falls back on its parent's); False
+    for another shape, so that no answer is taken for one."""
+    get_null_resume = getattr(scratchpad, "get_null_resume", None)
+    code = getattr(get_null_resume, "__code__", None)
+    cells = getattr(get_null_resume, "__closure__", None)
+    if code is None or cells is None:
+        return False
+    try:
+        env = {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells, strict=True)}
+    except ValueError:  # an empty cell
+        return False
+    write = env.get("null_resume_write")
+    if write is None:
+        parent = env.get("parent_scratchpad")
+        return parent is not None and _null_resume_unused(parent)
+    pending = env.get("pending_writes")
+    return isinstance(pending, list) and any(w is write for w in pending)
 
 
 def _interrupt_position(scratchpad: Any) -> tuple[int, int] | None:
@@ -356,10 +392,9 @@ def _interrupt_position(scratchpad: Any) -> tuple[int, int] | None:
     an ``itertools.count`` (read from its repr, ``count(3)``), its answers a list."""
     counter = getattr(scratchpad, "interrupt_counter", None)
     answers = getattr(scratchpad, "resume", None)
-    null_resume = getattr(scratchpad, "get_null_resume", None)
-    if counter is None or not isinstance(answers, list) or not callable(null_resume):
+    if counter is None or not isinstance(answers, list):
         return None
-    answered = len(answers) + (null_resume(False) is not None)
+    answered = len(answers) + _null_resume_unused(scratchpad)
     inner = getattr(counter, "_counter", None)
     if isinstance(inner, _Counting):
         inner = inner.inner
