@@ -426,13 +426,9 @@ def _protocol(
     # Before the first I/O (finding a resumed task's prefix is one), which calls started
     # together (asyncio.gather) may finish in any order.
     ordinal = ordinal or ctx.take_ordinal(spec.kind, spec.name)
-    own_prefix = ctx.key_prefix
     if ctx.resolve_prefix is not None:
         ctx.key_prefix = yield _Db(ctx.resolve_prefix)
         ctx.resolve_prefix = None
-    # Keys of another task: this one continues it (LangGraph runs a node paused at an
-    # update_state as a new task), and its answers are all new.
-    continued = ctx.key_prefix != own_prefix
     if ctx.stored_first is not None:
         yield from _until_stored(ctx, ctx.stored_first)
     step_key = ctx.key_at(ordinal)
@@ -462,6 +458,7 @@ def _protocol(
                 owner=owner,
                 run_id=run_id,
                 event=event("start", payload=start_payload),
+                task=ctx.task,
             ),
             durable_claim,
         )
@@ -480,6 +477,7 @@ def _protocol(
             event=event("start", payload=start_payload),
             ensure_run=ctx.framework,
             position=ctx.position,
+            task=ctx.task,
         )
 
     claim: Claim = yield _Db(claim_step, durable_claim)
@@ -499,7 +497,7 @@ def _protocol(
             if step.interrupts and ctx.skip_interrupts is not None:
                 # The call asked a human when it ran; the questions after it in the task
                 # must still meet their own answers.
-                ctx.skip_interrupts(step.interrupts, continued)
+                ctx.skip_interrupts(step.interrupts, step.attempt_task != ctx.task)
             # Only a note in the journal: losing it to a power failure loses nothing.
             yield _Db(lambda: ops.log(event("replay")), False)
             return step.result, key
@@ -515,7 +513,7 @@ def _protocol(
         if step.status == "paused":
             # Taken over once, then paused at its own question: it runs again after the
             # same questions as then (the policy's, the answers passed over).
-            _pass_used_answers(ctx, step, continued)
+            _pass_used_answers(ctx, step)
             claim = yield claim_again(step)
         elif step.status == "failed":
             # The next 16 calls of the same name, by key (a retry loop's).
@@ -530,7 +528,7 @@ def _protocol(
                 # would make the effect again and never reach the retry's record.
                 ctx.skip_past(ordinal[0], later[retry.step_key])
                 if retry.interrupts and ctx.skip_interrupts is not None:
-                    ctx.skip_interrupts(retry.interrupts, continued)
+                    ctx.skip_interrupts(retry.interrupts, retry.attempt_task != ctx.task)
                 yield _Db(lambda: ops.log(event("replay")), False)
                 return retry.result, idempotency_key_for(ctx.scope, retry.step_key)
             # It raised last time: it reported its own failure, so running it is safe.
@@ -541,7 +539,7 @@ def _protocol(
             if claim.owned and found is not NOT_DONE:
                 # Not run again: the questions the crashed attempt had answered are
                 # passed over, as a replay of this step will (they are its own).
-                _pass_used_answers(ctx, step, continued)
+                _pass_used_answers(ctx, step)
                 yield _Db(
                     lambda: ops.complete(
                         ctx.scope,
@@ -563,8 +561,8 @@ def _protocol(
                     lambda: ops.mark_asked(ctx.scope, step_key, owner=seen, at=at, task=ctx.task)
                 )
 
-            at = _pass_used_answers(ctx, step, continued)
-            if at is not None and (at, ctx.task) != (step.asked_at, step.asked_in):
+            at = _pass_used_answers(ctx, step)
+            if at is not None and (at, ctx.task) != (step.asked_at, step.attempt_task):
                 yield mark_asked(at)
             question: dict[str, Any] = {
                 "type": "agentcheck.unknown_outcome",
@@ -686,27 +684,27 @@ def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Ac
         ctx.counters[_STORED] = 1
 
 
-def _pass_used_answers(ctx: CallContext, step: Step, continued: bool) -> int | None:
+def _pass_used_answers(ctx: CallContext, step: Step) -> int | None:
     """Before a step whose outcome is unknown is settled without running it, before
     the "ask" policy's question about it, or before a paused call runs again: pass over
-    the answers its crashed attempts used (the task's answers past its next question;
+    the answers its crashed attempt used (the task's answers past its next question;
     LangGraph keeps a task's answers across crashes and matches them to questions by
-    their order), or up to the step's ``asked_at`` in this task (the policy's question
-    already asked, whose answer is the one to use; a paused call's own first question).
-    Else an old answer (its own approval, the human's "retry" of an attempt that then
-    crashed as well) would answer a new question. In a task that ``continued`` another
-    (update_state), no answer was used yet: nothing is passed over but up to an
-    ``asked_at`` of its own. Returns the index of the next question, or None if the
+    their order), or up to the step's ``asked_at`` (the policy's question already
+    asked, whose answer is the one to use; a paused call's own first question). Else an
+    old answer (its own approval, the human's "retry" of an attempt that then crashed
+    as well) would answer a new question. Only for an attempt made in this very task:
+    in one that continues it after update_state, a new task with answers of its own,
+    none of them was used. Returns the index of the next question, or None if the
     framework cannot tell."""
     position = ctx.interrupt_position() if ctx.interrupt_position is not None else None
     if position is None or ctx.skip_interrupts is None:
         return None
     next_index, answered = position
     asked_at = step.asked_at
-    if asked_at is not None and step.asked_in == ctx.task and next_index <= asked_at <= answered:
-        at = asked_at
-    elif continued:
+    if step.attempt_task != ctx.task:
         at = next_index
+    elif asked_at is not None and next_index <= asked_at <= answered:
+        at = asked_at
     else:
         at = max(next_index, answered)
     ctx.skip_interrupts(at - next_index, False)

@@ -265,7 +265,8 @@ class Step(_DecodedWhenRead):
     # question about this attempt's unknown outcome, once asked; paused: that of the
     # call's own first question; else None.
     asked_at: int | None = field(default_factory=_none, hash=False)
-    asked_in: str | None = None  # the task (LangGraph's task id) asked_at is of
+    # The framework's task its latest attempt ran in (LangGraph's task id).
+    attempt_task: str | None = None
     args: Any = field(default_factory=_none, hash=False)  # the call's recorded arguments
     # Its recorded result (None unless completed).
     result: Any = field(default_factory=_none, hash=False)
@@ -358,7 +359,7 @@ class JournalOps:
     def _step(self, row: Sequence[Any]) -> Step:
         (scope, key, run_id, kind, name, effect, status, idem, attempts, owner, started,
          finished, args_type, args, result_type, result, error, interrupts, asked,
-         asked_in) = row  # fmt: skip
+         attempt_task) = row  # fmt: skip
         where = f"step {key!r} in scope {scope!r}"
         decoders = {
             "args": lambda: self.load(args_type, args, f"the arguments of {where}"),
@@ -386,7 +387,7 @@ class JournalOps:
             error=error,
             interrupts=None,
             asked_at=None,
-            asked_in=asked_in,
+            attempt_task=attempt_task,
         )
 
     def _run(self, row: Sequence[Any]) -> Run:
@@ -583,8 +584,10 @@ class JournalOps:
         event: EventSpec | None = None,
         ensure_run: str | None = None,
         position: tuple[str, str] | None = None,
+        task: str | None = None,
     ) -> Operation[Claim]:
         """Start a step unless it exists: one atomic insert on ``(scope, step_key)``.
+        ``task``: the framework's task the attempt runs in (LangGraph's task id).
 
         Returns the stored step and whether this caller owns it. The start event is
         appended in the same transaction, only when the claim succeeds. With
@@ -609,13 +612,14 @@ class JournalOps:
                 started_at,
                 atype,
                 adata,
+                task,
             ),
             fetch=True,
         )
         # The row as inserted, in SELECT_STEP's columns; none if the step existed.
         row = (scope, step_key, run_id, kind, name, effect, "started", idempotency_key, 1,
                owner, started_at, None, atype, adata, None, None, None, None, None,
-               None)  # fmt: skip
+               task)  # fmt: skip
         return (yield from self._claimed([row] if inserted else [], scope, step_key, owner, event))
 
     def reclaim(
@@ -627,10 +631,14 @@ class JournalOps:
         owner: str,
         run_id: str | None,
         event: EventSpec | None = None,
+        task: str | None = None,
     ) -> Operation[Claim]:
-        """Take over a failed or unknown-outcome step from the owner seen, atomically."""
+        """Take over a failed, paused or unknown-outcome step from the owner seen,
+        atomically (``task``: as for :meth:`claim`)."""
         rows = yield Query(
-            self.sql.RECLAIM_STEP, (owner, now(), run_id, scope, step_key, seen_owner), fetch=True
+            self.sql.RECLAIM_STEP,
+            (owner, now(), run_id, task, scope, step_key, seen_owner),
+            fetch=True,
         )
         return (yield from self._claimed(rows, scope, step_key, owner, event))
 

@@ -592,6 +592,32 @@ def test_a_question_answered_before_a_killed_charge_is_not_asked_again(
     assert env.step("charge_card").status == "completed"
 
 
+@pytest.mark.parametrize("variant", ["reconcile", "ask"])
+def test_a_charge_killed_after_an_edit_uses_no_answer_twice(env: Env, variant: str) -> None:
+    """An operator edits the state while the charge waits for its approval (LangGraph
+    runs the node as a new task); the charge is then approved, charges and is killed.
+    The answers of a task that continues another were all taken as unused, so the
+    approval the killed attempt had used answered "Ship the order?" (or the policy's
+    question). The attempt's task is now recorded with the step."""
+    scenario = f"approve_{variant}"
+    run_phase(scenario, env, "start")
+    edited = run_phase(scenario, env, "edit")
+    assert edited.result["interrupts"] == [{"question": "Charge 42?"}], edited.result
+    kill_at(scenario, env, "INSIDE_TOOL", phase="answer_crash", answer="approve")
+
+    resumed = run_phase(scenario, env, "resume")
+    [question] = resumed.result["interrupts"]
+    if variant == "ask":
+        assert question["type"] == "agentcheck.unknown_outcome", resumed.result
+        assert "error" not in question
+        resumed = run_phase(scenario, env, "answer", {"result": "charged 42 (by ops)"})
+        [question] = resumed.result["interrupts"]
+    assert question == {"question": "Ship the order?"}, resumed.result
+    done = run_phase(scenario, env, "answer", "yes")
+    assert done.result["values"]["status"].endswith("; shipping: yes"), done.result
+    assert len(env.charges) == 1
+
+
 # -- 5. the contrast: the same crash without agentcheck ------------------------------------
 
 

@@ -359,7 +359,7 @@ def downgrade_to_version_2(kind: str, sqlite_path: str, pg_url: str) -> None:
     raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_checkpoints DROP COLUMN blob_keys")
     raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN interrupts")
     raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN asked_at")
-    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN asked_in")
+    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN attempt_task")
     raw_sql(kind, sqlite_path, pg_url, "DROP INDEX agentcheck_checkpoints_run_idx")
     raw_sql(kind, sqlite_path, pg_url, RUN_INDEX_V1)
     raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version >= 3")
@@ -412,7 +412,7 @@ async def test_steps_completed_before_version_4_replay_after_the_upgrade(
         assert schema_versions(kind, sqlite_path, pg_url) == [1, 2, 3, 4, 5, 6, 7, 8]
         (step,) = upgraded.journal.steps(scope="order-1")
         assert (step.status, step.interrupts, step.result) == ("completed", 0, 5)
-        assert (step.asked_at, step.asked_in) == (None, None)
+        assert (step.asked_at, step.attempt_task) == (None, None)
         with effect_scope(upgraded.journal, "order-1"):
             assert charge(5) == 5  # replayed
     assert runs == [5]
@@ -551,7 +551,7 @@ def test_an_older_schema_on_a_read_only_connection_says_what_to_do(
     raw_sql(kind, sqlite_path, pg_url, "DELETE FROM agentcheck_schema WHERE version >= 7")
     raw_sql(kind, sqlite_path, pg_url, "DROP TABLE agentcheck_settings")
     raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN asked_at")
-    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN asked_in")
+    raw_sql(kind, sqlite_path, pg_url, "ALTER TABLE agentcheck_steps DROP COLUMN attempt_task")
     with saver_cls.from_conn_string(_read_only(kind, sqlite_path, pg_url)) as reader:
         with pytest.raises(SchemaVersionError, match="read-only, so setup\\(\\) cannot upgrade"):
             reader.setup()

@@ -752,14 +752,14 @@ class SQL:
     _STEP_COLUMNS = (
         "scope, step_key, run_id, kind, name, effect, status, idempotency_key, attempts, "
         "owner, started_at, finished_at, args_type, args, result_type, result, error, "
-        "interrupts, asked_at, asked_in"
+        "interrupts, asked_at, attempt_task"
     )
     # A row comes back when the claim inserted one (none when the step existed): a claim
     # is one statement, not an insert and a read.
     CLAIM_STEP = (
         "INSERT INTO agentcheck_steps (scope, step_key, run_id, kind, name, effect, status, "
-        "idempotency_key, attempts, owner, started_at, args_type, args) "
-        "VALUES (?, ?, ?, ?, ?, ?, 'started', ?, 1, ?, ?, ?, ?) ON CONFLICT DO NOTHING "
+        "idempotency_key, attempts, owner, started_at, args_type, args, attempt_task) "
+        "VALUES (?, ?, ?, ?, ?, ?, 'started', ?, 1, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING "
         "RETURNING owner"
     )
     # (Constant text joined: no input is formatted in.)
@@ -770,7 +770,7 @@ class SQL:
     RECLAIM_STEP = (
         "UPDATE agentcheck_steps SET status = 'started', attempts = attempts + 1, owner = ?, "  # noqa: S608
         "started_at = ?, finished_at = NULL, error = NULL, run_id = ?, asked_at = NULL, "
-        "asked_in = NULL "
+        "attempt_task = ? "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status <> 'completed' "
         "RETURNING " + _STEP_COLUMNS
     )
@@ -790,11 +790,11 @@ class SQL:
     # The "ask" policy's question about a step's unknown outcome: where it is among
     # the task's interrupts, so that its answer is found there again (see _V8).
     MARK_ASKED = (
-        "UPDATE agentcheck_steps SET asked_at = ?, asked_in = ? "
+        "UPDATE agentcheck_steps SET asked_at = ?, attempt_task = ? "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
     PAUSE_STEP = (
-        "UPDATE agentcheck_steps SET status = 'paused', asked_at = ?, asked_in = ? "
+        "UPDATE agentcheck_steps SET status = 'paused', asked_at = ?, attempt_task = ? "
         "WHERE scope = ? AND step_key = ? AND owner = ? AND status = 'started'"
     )
     RELEASE_STEP = (
@@ -904,16 +904,16 @@ _V7 = (
 )
 
 
-# Migration 8: where, among its task's interrupt() calls (LangGraph), the "ask" policy's
-# question about a step's unknown outcome is, for the attempt that left it unknown, or
-# where a paused call's own questions begin (cleared when the step is taken over
-# again), and in which task (asked_in: the task id; update_state makes the node a new
-# task, whose answers start again). The answer is found there when the task runs
-# again; without one, the answers already given to the task's later questions were used
-# by the attempts that crashed, and a new question goes after them.
+# Migration 8: the task (LangGraph's task id) a step's latest attempt ran in
+# (attempt_task; update_state makes a paused node a new task, whose answers start
+# again), and where, among that task's interrupt() calls, the "ask" policy's question
+# about the attempt's unknown outcome is, or a paused call's own questions begin
+# (asked_at; cleared when the step is taken over again). The answer is found there
+# when the task runs again; without one, the answers already given to the task's later
+# questions were used by the attempts that crashed, and a new question goes after them.
 _V8 = (
     "ALTER TABLE agentcheck_steps ADD COLUMN asked_at INTEGER",
-    "ALTER TABLE agentcheck_steps ADD COLUMN asked_in TEXT",
+    "ALTER TABLE agentcheck_steps ADD COLUMN attempt_task TEXT",
 )
 
 
