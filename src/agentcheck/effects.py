@@ -426,9 +426,19 @@ def _protocol(
     # Before the first I/O (finding a resumed task's prefix is one), which calls started
     # together (asyncio.gather) may finish in any order.
     ordinal = ordinal or ctx.take_ordinal(spec.kind, spec.name)
+    own_prefix = ctx.key_prefix
     if ctx.resolve_prefix is not None:
         ctx.key_prefix = yield _Db(ctx.resolve_prefix)
         ctx.resolve_prefix = None
+
+    def this_task(step: Step) -> bool:
+        """Whether the step's latest attempt ran in this very task. A step written
+        before its task was recorded: unless this task continues another (its keys
+        are that one's, after update_state)."""
+        if step.attempt_task is not None:
+            return step.attempt_task == ctx.task
+        return ctx.key_prefix == own_prefix
+
     if ctx.stored_first is not None:
         yield from _until_stored(ctx, ctx.stored_first)
     step_key = ctx.key_at(ordinal)
@@ -497,7 +507,7 @@ def _protocol(
             if step.interrupts and ctx.skip_interrupts is not None:
                 # The call asked a human when it ran; the questions after it in the task
                 # must still meet their own answers.
-                ctx.skip_interrupts(step.interrupts, step.attempt_task != ctx.task)
+                ctx.skip_interrupts(step.interrupts, not this_task(step))
             # Only a note in the journal: losing it to a power failure loses nothing.
             yield _Db(lambda: ops.log(event("replay")), False)
             return step.result, key
@@ -513,7 +523,7 @@ def _protocol(
         if step.status == "paused":
             # Taken over once, then paused at its own question: it runs again after the
             # same questions as then (the policy's, the answers passed over).
-            _pass_used_answers(ctx, step)
+            _pass_used_answers(ctx, step, this_task(step))
             claim = yield claim_again(step)
         elif step.status == "failed":
             # The next 16 calls of the same name, by key (a retry loop's).
@@ -528,7 +538,7 @@ def _protocol(
                 # would make the effect again and never reach the retry's record.
                 ctx.skip_past(ordinal[0], later[retry.step_key])
                 if retry.interrupts and ctx.skip_interrupts is not None:
-                    ctx.skip_interrupts(retry.interrupts, retry.attempt_task != ctx.task)
+                    ctx.skip_interrupts(retry.interrupts, not this_task(retry))
                 yield _Db(lambda: ops.log(event("replay")), False)
                 return retry.result, idempotency_key_for(ctx.scope, retry.step_key)
             # It raised last time: it reported its own failure, so running it is safe.
@@ -539,7 +549,7 @@ def _protocol(
             if claim.owned and found is not NOT_DONE:
                 # Not run again: the questions the crashed attempt had answered are
                 # passed over, as a replay of this step will (they are its own).
-                _pass_used_answers(ctx, step)
+                _pass_used_answers(ctx, step, this_task(step))
                 yield _Db(
                     lambda: ops.complete(
                         ctx.scope,
@@ -561,7 +571,7 @@ def _protocol(
                     lambda: ops.mark_asked(ctx.scope, step_key, owner=seen, at=at, task=ctx.task)
                 )
 
-            at = _pass_used_answers(ctx, step)
+            at = _pass_used_answers(ctx, step, this_task(step))
             if at is not None and (at, ctx.task) != (step.asked_at, step.attempt_task):
                 yield mark_asked(at)
             question: dict[str, Any] = {
@@ -684,7 +694,7 @@ def _until_stored(ctx: CallContext, where: tuple[str, str, str]) -> Generator[Ac
         ctx.counters[_STORED] = 1
 
 
-def _pass_used_answers(ctx: CallContext, step: Step) -> int | None:
+def _pass_used_answers(ctx: CallContext, step: Step, this_task: bool) -> int | None:
     """Before a step whose outcome is unknown is settled without running it, before
     the "ask" policy's question about it, or before a paused call runs again: pass over
     the answers its crashed attempt used (the task's answers past its next question;
@@ -692,16 +702,16 @@ def _pass_used_answers(ctx: CallContext, step: Step) -> int | None:
     their order), or up to the step's ``asked_at`` (the policy's question already
     asked, whose answer is the one to use; a paused call's own first question). Else an
     old answer (its own approval, the human's "retry" of an attempt that then crashed
-    as well) would answer a new question. Only for an attempt made in this very task:
-    in one that continues it after update_state, a new task with answers of its own,
-    none of them was used. Returns the index of the next question, or None if the
-    framework cannot tell."""
+    as well) would answer a new question. Only for an attempt made in this very task
+    (``this_task``): in one that continues it after update_state, a new task with
+    answers of its own, none of them was used. Returns the index of the next question,
+    or None if the framework cannot tell."""
     position = ctx.interrupt_position() if ctx.interrupt_position is not None else None
     if position is None or ctx.skip_interrupts is None:
         return None
     next_index, answered = position
     asked_at = step.asked_at
-    if step.attempt_task != ctx.task:
+    if not this_task:
         at = next_index
     elif asked_at is not None and next_index <= asked_at <= answered:
         at = asked_at

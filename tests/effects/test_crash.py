@@ -618,6 +618,36 @@ def test_a_charge_killed_after_an_edit_uses_no_answer_twice(env: Env, variant: s
     assert len(env.charges) == 1
 
 
+def forget_attempt_tasks(env: Env) -> None:
+    """The ledger as a version before schema 8 left it: no attempt's task recorded."""
+    sql = "UPDATE agentcheck_steps SET attempt_task = NULL"
+    if env.db.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(env.db, autocommit=True) as conn:
+            conn.execute(sql)
+    else:
+        import sqlite3
+
+        with sqlite3.connect(env.db) as conn:
+            conn.execute(sql)
+
+
+def test_a_step_written_before_its_task_was_recorded_uses_no_answer_twice(env: Env) -> None:
+    """A charge approved and killed under a version that did not record the attempt's
+    task (schema before 8), resumed after the upgrade: the step was taken for another
+    task's, and its approval answered "Ship the order?". Such a step is of this task
+    unless this task continues another."""
+    run_phase("approve_reconcile", env, "start")
+    kill_at("approve_reconcile", env, "INSIDE_TOOL", phase="answer_crash", answer="approve")
+    forget_attempt_tasks(env)
+    resumed = run_phase("approve_reconcile", env, "resume")
+    assert resumed.result["interrupts"] == [{"question": "Ship the order?"}], resumed.result
+    done = run_phase("approve_reconcile", env, "answer", "yes")
+    assert done.result["values"]["status"] == "charged 42 (found by key); shipping: yes"
+    assert len(env.charges) == 1
+
+
 # -- 5. the contrast: the same crash without agentcheck ------------------------------------
 
 
