@@ -165,6 +165,10 @@ class CallContext:
         if self.run_id is not None:
             self.run_id = id_text(self.run_id, "run_id")
 
+    def questions(self) -> tuple[int, int] | None:
+        """:attr:`interrupt_position`'s answer, or None where the framework gives none."""
+        return self.interrupt_position() if self.interrupt_position is not None else None
+
     def take_ordinal(self, kind: str, name: str) -> tuple[str, int]:
         """The next call of ``name`` here: its call id (if any) and its ordinal. Taken as
         the call starts, before any I/O, so that calls started one after another (in one
@@ -597,7 +601,7 @@ def _protocol(
                     # An answer it cannot understand is kept by LangGraph as that
                     # question's: asked again, as the next question (saying why), or
                     # the thread would meet the same answer at every resume.
-                    position = ctx.interrupt_position() if ctx.interrupt_position else None
+                    position = ctx.questions()
                     if position is None:
                         raise
                     yield mark_asked(position[0])
@@ -624,12 +628,13 @@ def _protocol(
             raise ToolOutcomeUnknown(outcome)
 
     # Where among the task's questions the call's own begin: after a take-over, past
-    # the ones the policy asked or passed over in this execution.
-    position = ctx.interrupt_position() if ctx.interrupt_position is not None else None
+    # the ones the policy asked or passed over in this execution. (Only then: a first
+    # attempt that pauses is forgotten, and asks its questions where it did.)
+    position = ctx.questions() if claim.step.attempts > 1 else None
     try:
         result = yield _Call(key)
     except _pause_errors:
-        if claim.step.attempts > 1 and position is not None:
+        if position is not None:
             # Kept, not forgotten: a claim made anew would not pass over those
             # questions, and the call's own would meet their answers.
             start = position[0]
@@ -706,7 +711,7 @@ def _pass_used_answers(ctx: CallContext, step: Step, this_task: bool) -> int | N
     (``this_task``): in one that continues it after update_state, a new task with
     answers of its own, none of them was used. Returns the index of the next question,
     or None if the framework cannot tell."""
-    position = ctx.interrupt_position() if ctx.interrupt_position is not None else None
+    position = ctx.questions()
     if position is None or ctx.skip_interrupts is None:
         return None
     next_index, answered = position

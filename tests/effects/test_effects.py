@@ -526,31 +526,18 @@ async def test_a_wrapped_tool_of_a_module_with_postponed_annotations(kind: str, 
         got.append((order, note, call_id, key))
         return f"charged {order.qty} x {order.sku}"
 
-    if is_async(kind):
-
-        @tool
-        @side_effect
-        async def charge(
-            order: Order,
-            call_id: Annotated[str, InjectedToolCallId],
-            note: str | None = None,
-            idempotency_key: str = "",
-        ) -> str:
-            """Charge an order."""
-            return record(order, note, call_id, idempotency_key)
-
-    else:
-
-        @tool
-        @side_effect
-        def charge(  # type: ignore[misc]
-            order: Order,
-            call_id: Annotated[str, InjectedToolCallId],
-            note: str | None = None,
-            idempotency_key: str = "",
-        ) -> str:
-            """Charge an order."""
-            return record(order, note, call_id, idempotency_key)
+    # (One sync tool for both kinds: the annotations are read where either wrapper is
+    # made, and an async graph runs a sync tool as well.)
+    @tool
+    @side_effect
+    def charge(
+        order: Order,
+        call_id: Annotated[str, InjectedToolCallId],
+        note: str | None = None,
+        idempotency_key: str = "",
+    ) -> str:
+        """Charge an order."""
+        return record(order, note, call_id, idempotency_key)
 
     @tool
     def plain(order: Order, note: str | None = None) -> str:

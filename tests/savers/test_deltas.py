@@ -1107,7 +1107,9 @@ def another_worker_turn(pg_url: str, thread: str, n: int) -> None:
 
 
 @pytest.mark.parametrize("op", ["prune", "delete_for_runs"])
-def test_a_checkpoint_stored_while_a_deletion_runs_keeps_its_values(pg_url: str, op: str) -> None:
+async def test_a_checkpoint_stored_while_a_deletion_runs_keeps_its_values(
+    pg_url: str, op: str
+) -> None:
     """A deletion read the thread's checkpoints, then (another statement) its stored
     values: a turn another worker committed in between had its values read but not its
     checkpoint, and they were deleted as unused. Its newest checkpoint named a message
@@ -1115,7 +1117,7 @@ def test_a_checkpoint_stored_while_a_deletion_runs_keeps_its_values(pg_url: str,
     The values are now read first."""
     with PostgresSaver.from_conn_string(pg_url) as saver:
         graph = chat_graph().compile(checkpointer=saver)
-        sync_chat(graph, "t", 6, run_id="r")
+        await run_chat(graph, "postgres", "t", 6, run_id="r")
         collect_garbage = saver._collect_garbage
 
         def hooked(thread_id: str, ns: str, deleted: set[str]) -> Any:
@@ -1142,23 +1144,13 @@ def test_a_checkpoint_stored_while_a_deletion_runs_keeps_its_values(pg_url: str,
         assert len(contents(graph.get_state(config))) == 14
 
 
-def sync_chat(graph: Any, thread: str, end: int, *, run_id: str) -> None:
-    for n in range(end):
-        config: dict[str, Any] = {
-            "configurable": {"thread_id": thread},
-            "metadata": {"run_id": f"{run_id}-{n}"},
-        }
-        question = HumanMessage(content=f"question {n}", id=f"q{n}")
-        graph.invoke({"messages": [question], "turn": n}, config)
-
-
-def test_a_prune_started_during_a_copy_of_the_thread_waits_for_it(pg_url: str) -> None:
+async def test_a_prune_started_during_a_copy_of_the_thread_waits_for_it(pg_url: str) -> None:
     """copy_thread copies the checkpoints, then their values, in statements of their
     own: a prune of the source committed in between left copied checkpoints without
     their values. The copy now takes the thread's deletion lock first; a prune waits."""
     with PostgresSaver.from_conn_string(pg_url) as saver:
         graph = chat_graph().compile(checkpointer=saver)
-        sync_chat(graph, "t", 6, run_id="r")
+        await run_chat(graph, "postgres", "t", 6, run_id="r")
         pruned: list[bool] = []
 
         def prune() -> None:
@@ -1194,7 +1186,7 @@ def test_a_prune_started_during_a_copy_of_the_thread_waits_for_it(pg_url: str) -
                 assert state.values.get("messages"), state.config
 
 
-def test_a_checkpoint_stored_while_its_thread_is_copied_is_copied_with_its_terms(
+async def test_a_checkpoint_stored_while_its_thread_is_copied_is_copied_with_its_terms(
     pg_url: str,
 ) -> None:
     """copy_thread copied the metadata terms, then the checkpoints, each statement
@@ -1207,7 +1199,7 @@ def test_a_checkpoint_stored_while_its_thread_is_copied_is_copied_with_its_terms
 
     with PostgresSaver.from_conn_string(pg_url) as saver:
         graph = chat_graph().compile(checkpointer=saver)
-        sync_chat(graph, "t", 4, run_id="r")
+        await run_chat(graph, "postgres", "t", 4, run_id="r")
         op = saver._copy_thread("t", "copy")
         with psycopg.connect(pg_url, autocommit=True, cursor_factory=psycopg.RawCursor) as conn:
             answer: Any = None
