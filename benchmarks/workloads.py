@@ -656,10 +656,10 @@ def _reply(reply: AIMessage, state: Chat) -> Chat:
 def _end_to_end_on(ctx: Context, db: Db, stores: dict[Impl, Store]) -> list[Row]:
     with floor_saver(ctx, db) as floor:
         rows = _graph_end_to_end(
-            ctx, db, stores, "e2e", linear_graph(E2E_NODES), {"count": 0}, floor, "sync"
+            ctx, db, stores, "e2e", linear_graph(E2E_NODES), {"count": 0}, floor, DURABILITIES
         )
     builder, state = chat_graph(ctx.corpus, E2E_NODES)
-    return rows + _graph_end_to_end(ctx, db, stores, "e2e-chat", builder, state, None, None)
+    return rows + _graph_end_to_end(ctx, db, stores, "e2e-chat", builder, state, None, ())
 
 
 def _graph_end_to_end(
@@ -670,10 +670,10 @@ def _graph_end_to_end(
     builder: StateGraph[Any],
     state: Any,
     floor: FloorSaver | None,
-    floor_mode: Durability | None,
+    floor_modes: tuple[Durability, ...],
 ) -> list[Row]:
     """Rows of ``ms added per super-step`` for each durability mode; with a FloorSaver,
-    what it adds in ``floor_mode`` too."""
+    what it adds in the ``floor_modes`` too."""
     reps, warmup = ctx.scale(150, 40) if floor else ctx.scale(60, 20), 5
     graphs = {
         "none": builder.compile(),
@@ -684,7 +684,7 @@ def _graph_end_to_end(
     rows: list[Row] = []
     for mode in DURABILITIES:
         ctx.log(f"{workload}/{db}: durability={mode}")
-        with_floor = floor is not None and mode == floor_mode
+        with_floor = floor is not None and mode in floor_modes
         if with_floor:
             graphs["floor"] = builder.compile(checkpointer=floor)
         names = tuple(graphs)
