@@ -445,21 +445,28 @@ class JournalOps:
         return int(rows[0][0])
 
     def log(
-        self, event: EventSpec, dumped: tuple[str | None, bytes | None] | None = None
+        self,
+        event: EventSpec,
+        dumped: tuple[str | None, bytes | None] | None = None,
+        ts: str | None = None,
     ) -> Operation[None]:
         """Append an event whose ``seq`` nobody needs: no row comes back, so on
         PostgreSQL it travels in the operation's pipeline without a round trip.
-        ``dumped``: its payload, serialized already."""
-        yield Query(self.sql.INSERT_EVENT, self._event_row(event, dumped))
+        ``dumped``: its payload, serialized already; ``ts``: its time, if taken already
+        (a step's own time, written in the same transaction)."""
+        yield Query(self.sql.INSERT_EVENT, self._event_row(event, dumped, ts))
         return None
 
     def _event_row(
-        self, event: EventSpec, dumped: tuple[str | None, bytes | None] | None = None
+        self,
+        event: EventSpec,
+        dumped: tuple[str | None, bytes | None] | None = None,
+        ts: str | None = None,
     ) -> tuple[Any, ...]:
         ptype, payload = dumped if dumped is not None else self.dump(event.payload)
         return (
             event.run_id,
-            now(),
+            ts or now(),
             event.kind,
             event.phase,
             event.name,
@@ -620,7 +627,13 @@ class JournalOps:
         row = (scope, step_key, run_id, kind, name, effect, "started", idempotency_key, 1,
                owner, started_at, None, atype, adata, None, None, None, None, None,
                task)  # fmt: skip
-        return (yield from self._claimed([row] if inserted else [], scope, step_key, owner, event))
+        # The start event usually carries the arguments: serialized once, stored twice.
+        dumped = (atype, adata) if event is not None and event.payload is args else None
+        return (
+            yield from self._claimed(
+                [row] if inserted else [], scope, step_key, owner, event, dumped, started_at
+            )
+        )
 
     def reclaim(
         self,
@@ -650,17 +663,24 @@ class JournalOps:
         yield Query(self.sql.MARK_ASKED, (at, task, scope, step_key, owner))
 
     def _claimed(
-        self, rows: Rows, scope: str, step_key: str, owner: str, event: EventSpec | None
+        self,
+        rows: Rows,
+        scope: str,
+        step_key: str,
+        owner: str,
+        event: EventSpec | None,
+        dumped: tuple[str | None, bytes | None] | None = None,
+        ts: str | None = None,
     ) -> Operation[Claim]:
         """The claim a claim or a take-over made: the step as its statement returned it,
         or, when it returned none (another owner has it, or it is done), as it is; the
-        start event appended when it is ours."""
+        start event appended when it is ours (``dumped``, ``ts``: see :meth:`log`)."""
         if not rows:
             rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         step = self._step(rows[0])
         owned = step.owner == owner and step.status == "started"
         if owned and event is not None:
-            yield from self.log(event)
+            yield from self.log(event, dumped, ts)
         return Claim(step, owned)
 
     def complete(
@@ -676,12 +696,14 @@ class JournalOps:
         """Record a step's result; False if the step was not ours to finish.
         ``interrupts``: how many interrupt() calls of its task the call made."""
         rtype, rdata = self.dump(result)
-        query = (now(), rtype, rdata, interrupts or None, scope, step_key, owner)
+        finished_at = now()
+        query = (finished_at, rtype, rdata, interrupts or None, scope, step_key, owner)
         # A row back: it was ours and started, and is completed now.
         done = bool((yield Query(self.sql.COMPLETE_STEP, query, fetch=True)))
         if done and event is not None:
             # The end event usually carries the result: serialized once, stored twice.
-            yield from self.log(event, (rtype, rdata) if event.payload is result else None)
+            dumped = (rtype, rdata) if event.payload is result else None
+            yield from self.log(event, dumped, finished_at)
         return done
 
     def fail(
