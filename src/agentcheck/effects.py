@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -64,6 +64,7 @@ __all__ = [
 logger = logging.getLogger("agentcheck")
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 OnUnknown = Literal["raise", "retry", "ask"]
 KEY_PARAM = "idempotency_key"
 
@@ -318,6 +319,12 @@ class _Pause:
 
 class _CannotWait(Exception):
     """Thrown into a protocol whose pause would block the event loop it waits on."""
+
+
+class _NotBegun(BaseException):
+    """Thrown into a protocol at its call when the task making it was cancelled before
+    the call began (while a journal write was on its way): its claim is given up as a
+    paused call's is, and the driver raises ``asyncio.CancelledError``."""
 
 
 def _on_event_loop() -> bool:
@@ -631,9 +638,12 @@ def _protocol(
     # the ones the policy asked or passed over in this execution. (Only then: a first
     # attempt that pauses is forgotten, and asks its questions where it did.)
     position = ctx.questions() if claim.step.attempts > 1 else None
+    # Stopped before its effect began: paused (an interrupt), or cancelled as its claim
+    # was being stored.
+    not_begun: tuple[type[BaseException], ...] = (_NotBegun, *_pause_errors)
     try:
         result = yield _Call(key)
-    except _pause_errors:
+    except not_begun:
         if position is not None:
             # Kept, not forgotten: a claim made anew would not pass over those
             # questions, and the call's own would meet their answers.
@@ -783,6 +793,8 @@ class ProtocolRun:
     ) -> None:
         self.gen, self.ctx, self.spec = gen, ctx, spec
         self._started = False
+        # The (async) task was cancelled while a journal write was on its way.
+        self._cancelled = False
 
     def _refuse_on_saver_loop(self) -> None:
         """Refuse, before anything is claimed or called, a sync call made on the event
@@ -839,17 +851,44 @@ class ProtocolRun:
                 error = exc
 
     async def ato_call(self, value: Any = None, error: BaseException | None = None) -> _Call | Done:
-        """Advance to the call, or to the end, awaiting journal I/O and async callables."""
+        """Advance to the call, or to the end, awaiting journal I/O and async callables.
+
+        A cancellation of the task does not cut a journal write short: whether a claim
+        or a result was stored must be known (else a call that never began, or whose
+        result was in hand, is left with an unknown outcome). The write is awaited to
+        its end, then the cancellation goes on: the claim of a call not begun is given
+        up, a result is kept, and ``asyncio.CancelledError`` is raised."""
         while True:
-            action = self._next(value, error)
+            try:
+                action = self._next(value, error)
+            except _NotBegun:
+                raise asyncio.CancelledError from None
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:
+                if self._cancelled:
+                    raise asyncio.CancelledError from exc
+                raise
+            value, error = None, None
+            if self._cancelled and not isinstance(action, _Db):
+                if isinstance(action, Done):
+                    raise asyncio.CancelledError
+                # The call (its claim is given up), or a wait, a question, a reconcile:
+                # none of them while nothing of this call's is left started.
+                error = _NotBegun() if isinstance(action, _Call) else asyncio.CancelledError()
+                continue
             if isinstance(action, (_Call, Done)):
                 return action
-            value, error = None, None
             try:
                 if isinstance(action, _Db):
-                    value = await self.ctx.journal.arun_op(
+                    op = self.ctx.journal.arun_op(
                         action.make_op, action.write, durable=action.durable
                     )
+                    if action.write:
+                        value, cancelled = await _to_its_end(op)
+                        self._cancelled = self._cancelled or cancelled
+                    else:
+                        value = await op
                 elif isinstance(action, _Wait):
                     while not action.done.is_set():  # the call may run on this event loop
                         await asyncio.sleep(0.002)
@@ -865,6 +904,22 @@ class ProtocolRun:
                     value = self.ctx.ask(action.payload)
             except BaseException as exc:
                 error = exc
+
+
+async def _to_its_end(op: Awaitable[T]) -> tuple[T, bool]:
+    """A journal write's result, awaited to its end even if the task awaiting it is
+    cancelled meanwhile; and whether it was."""
+    task = asyncio.ensure_future(op)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError:
+            if task.cancelled():  # the write itself was cancelled (its loop closing)
+                raise
+            cancelled = True
+            if task.done():
+                return task.result(), True
 
 
 def _sync_answer(value: Any, spec: EffectSpec) -> Any:

@@ -2119,6 +2119,149 @@ async def test_cancelled_call_leaves_an_unknown_outcome_not_a_failure(
     assert calls == [3]
 
 
+def gate_journal_write(saver: Any, n: int, *, after: bool) -> tuple[asyncio.Event, asyncio.Event]:
+    """Hold the ``n``-th journal write (1-based) of async wrapped calls at a gate, before
+    it is made or after it is committed; returns (reached, gate). The write goes on in
+    the database's own worker (aiosqlite's thread, a sync saver's worker) whatever
+    happens to the task awaiting it: the gate stands for the time it takes."""
+    real = saver.arun_op
+    reached, gate = asyncio.Event(), asyncio.Event()
+    writes = 0
+
+    async def gated(make_op: Any, write: bool, *, durable: bool = True) -> Any:
+        nonlocal writes
+        held = False
+        if write:
+            writes += 1
+            held = writes == n
+        if held and not after:
+            reached.set()
+            await gate.wait()
+        result = await real(make_op, write, durable=durable)
+        if held and after:
+            reached.set()
+            await gate.wait()
+        return result
+
+    saver.arun_op = gated
+    return reached, gate
+
+
+async def cancel_at(
+    running: asyncio.Future[Any], reached: asyncio.Event, gate: asyncio.Event
+) -> None:
+    """Cancel ``running`` once it waits at the gate, then open the gate."""
+    await asyncio.wait_for(reached.wait(), 30)
+    running.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+
+@parametrize_kinds
+async def test_a_call_cancelled_as_its_claim_is_stored_has_not_begun(kind: str, saver: Any) -> None:
+    """A task cancelled (a timeout, a client gone) while the claim of its call is on its
+    way: the call never began, so its claim is given up, not left to look like a call
+    cut short (whose outcome would be unknown, and the next attempt refused)."""
+    calls: list[int] = []
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        return amount
+
+    reached, gate = gate_journal_write(saver, 1, after=True)  # the claim, committed
+    with effect_scope(saver.journal, "scope-cancel-claim"):
+        await cancel_at(asyncio.ensure_future(charge(3)), reached, gate)
+    assert calls == []
+    assert await call(saver.journal, "steps", kind, scope="scope-cancel-claim") == []
+    with effect_scope(saver.journal, "scope-cancel-claim"):
+        assert await charge(3) == 3
+    assert calls == [3]
+    step = await only_step(saver, kind, "scope-cancel-claim")
+    assert (step.status, step.attempts, step.result) == ("completed", 1, 3)
+
+
+@parametrize_kinds
+async def test_a_call_cancelled_as_its_result_is_stored_keeps_its_result(
+    kind: str, saver: Any
+) -> None:
+    """A task cancelled while its call's result is on its way to the journal: the call
+    has had its effect and its result is in hand, so it is stored (and the cancellation
+    goes on); the next attempt replays it instead of finding an unknown outcome."""
+    calls: list[int] = []
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        return amount * 10
+
+    reached, gate = gate_journal_write(saver, 2, after=False)  # the result, not yet made
+    with effect_scope(saver.journal, "scope-cancel-result"):
+        await cancel_at(asyncio.ensure_future(charge(3)), reached, gate)
+    assert calls == [3]
+    step = await only_step(saver, kind, "scope-cancel-result")
+    assert (step.status, step.result) == ("completed", 30)
+    with effect_scope(saver.journal, "scope-cancel-result"):
+        assert await charge(3) == 30
+    assert calls == [3]
+
+
+@parametrize_kinds
+async def test_a_retry_cancelled_as_it_takes_a_failed_call_over_has_not_begun(
+    kind: str, saver: Any
+) -> None:
+    """The same for a call that failed before: cancelled while its retry takes the step
+    over, the retry has not begun, and the next attempt runs it."""
+    calls: list[int] = []
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        if len(calls) == 1:
+            raise ConnectionError("the provider hung up")
+        return amount
+
+    with effect_scope(saver.journal, "scope-cancel-retry"), pytest.raises(ConnectionError):
+        await charge(3)
+    # The retry's claim (which finds the step failed), then its take-over.
+    reached, gate = gate_journal_write(saver, 2, after=True)
+    with effect_scope(saver.journal, "scope-cancel-retry"):
+        await cancel_at(asyncio.ensure_future(charge(3)), reached, gate)
+    assert calls == [3]
+    with effect_scope(saver.journal, "scope-cancel-retry"):
+        assert await charge(3) == 3
+    assert calls == [3, 3]
+    step = await only_step(saver, kind, "scope-cancel-retry")
+    assert (step.status, step.result) == ("completed", 3)
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+async def test_a_run_cancelled_as_a_charge_is_recorded_replays_it_when_resumed(
+    kind: str, saver: Any
+) -> None:
+    """A server cancels a run's task when its client goes away. If that happens while a
+    charge's result is on its way to the journal, resuming the thread replays the charge
+    (it was made) instead of refusing it as an unknown outcome."""
+    calls: list[int] = []
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        return amount
+
+    node = calling_node(kind, charge, (3,), lambda charged: {"out": [f"charged {charged}"]})
+    graph = one_node_graph(node, saver)
+    config: Any = {"configurable": {"thread_id": "cancelled-run"}}
+    reached, gate = gate_journal_write(saver, 2, after=False)  # the claim, then the result
+    await cancel_at(asyncio.ensure_future(graph.ainvoke({"out": []}, config)), reached, gate)
+    assert calls == [3]
+    assert (await graph.ainvoke(None, config))["out"] == ["charged 3"]
+    assert calls == [3]
+
+
 # --------------------------------------------------------------------------- 6. where it works
 
 
