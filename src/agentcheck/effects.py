@@ -287,6 +287,10 @@ class _Db:
     # False: a write that may be lost to a power failure (see _protocol's claims).
     durable: bool = True
     write: bool = True
+    # What the write does to the step (see ProtocolRun.ato_call): "claim" (a claim or a
+    # take-over: whether it is held must be known), "settle" (records how a claim held
+    # ended: its result, its failure, or its release), or None.
+    role: Literal["claim", "settle"] | None = None
 
 
 @dataclass(frozen=True)
@@ -482,6 +486,7 @@ def _protocol(
                 task=ctx.task,
             ),
             durable_claim,
+            role="claim",
         )
 
     def claim_step() -> Any:
@@ -501,7 +506,7 @@ def _protocol(
             task=ctx.task,
         )
 
-    claim: Claim = yield _Db(claim_step, durable_claim)
+    claim: Claim = yield _Db(claim_step, durable_claim, role="claim")
     while not claim.owned and claim.step.status == "started":
         with _running_lock:
             running = _running.get(claim.step.owner)
@@ -511,7 +516,7 @@ def _protocol(
             yield _Pause(_POLL)  # running in another process of this machine
         else:
             break  # started by a call no longer running: its outcome is unknown
-        claim = yield _Db(claim_step, durable_claim)
+        claim = yield _Db(claim_step, durable_claim, role="claim")
     step = claim.step
     if not claim.owned:
         if step.status == "completed":
@@ -569,7 +574,8 @@ def _protocol(
                         result=found,
                         event=event("end", name=f"{spec.name} (reconciled)", payload=found),
                         interrupts=asked[0] if asked else 0,
-                    )
+                    ),
+                    role="settle",
                 )
                 return found, key
         elif spec.on_unknown == "retry":
@@ -625,7 +631,8 @@ def _protocol(
                             "end", name=f"{spec.name} ({action} by a human)", payload=value
                         ),
                         interrupts=asked[0] if asked else 0,
-                    )
+                    ),
+                    role="settle",
                 )
                 return value, key
         else:
@@ -643,14 +650,20 @@ def _protocol(
     not_begun: tuple[type[BaseException], ...] = (_NotBegun, *_pause_errors)
     try:
         result = yield _Call(key)
-    except not_begun:
-        if position is not None:
+    except not_begun as stop:
+        # A take-over cancelled before its call: kept (paused) too, so that the step's
+        # history (its failure or its unknown outcome, its attempts) stays; the next
+        # attempt takes it over and runs it.
+        if position is not None or (isinstance(stop, _NotBegun) and claim.step.attempts > 1):
             # Kept, not forgotten: a claim made anew would not pass over those
             # questions, and the call's own would meet their answers.
-            start = position[0]
-            yield _Db(lambda: ops.pause(ctx.scope, step_key, owner=owner, at=start, task=ctx.task))
+            start = position[0] if position is not None else None
+            yield _Db(
+                lambda: ops.pause(ctx.scope, step_key, owner=owner, at=start, task=ctx.task),
+                role="settle",
+            )
         else:
-            yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner))
+            yield _Db(lambda: ops.release(ctx.scope, step_key, owner=owner), role="settle")
         raise
     except Exception as exc:
         # The call reported its own failure. (A cancellation or KeyboardInterrupt is
@@ -660,7 +673,8 @@ def _protocol(
         yield _Db(
             lambda: ops.fail(
                 ctx.scope, step_key, owner=owner, error=error, event=event("error", error=error)
-            )
+            ),
+            role="settle",
         )
         raise
     tokens_in, tokens_out = spec.usage(result) if spec.usage else (None, None)
@@ -669,7 +683,8 @@ def _protocol(
     yield _Db(
         lambda: ops.complete(
             ctx.scope, step_key, owner=owner, result=result, event=end, interrupts=questions
-        )
+        ),
+        role="settle",
     )
     return result, key
 
@@ -853,11 +868,13 @@ class ProtocolRun:
     async def ato_call(self, value: Any = None, error: BaseException | None = None) -> _Call | Done:
         """Advance to the call, or to the end, awaiting journal I/O and async callables.
 
-        A cancellation of the task does not cut a journal write short: whether a claim
-        or a result was stored must be known (else a call that never began, or whose
-        result was in hand, is left with an unknown outcome). The write is awaited to
-        its end, then the cancellation goes on: the claim of a call not begun is given
-        up, a result is kept, and ``asyncio.CancelledError`` is raised."""
+        A cancellation of the task does not cut a claim or the record of its end short:
+        whether a claim is held, or a result was stored, must be known (else a call that
+        never began, or whose result was in hand, is left with an unknown outcome). Such
+        a write is awaited to its end (up to :data:`CANCELLED_WRITE_WAIT` seconds; a
+        second cancellation stops waiting), then the cancellation goes on: nothing more
+        is claimed, the claim of a call not begun is given up, a result is kept, and
+        ``asyncio.CancelledError`` is raised."""
         while True:
             try:
                 action = self._next(value, error)
@@ -870,11 +887,11 @@ class ProtocolRun:
                     raise asyncio.CancelledError from exc
                 raise
             value, error = None, None
-            if self._cancelled and not isinstance(action, _Db):
+            if self._cancelled and not (isinstance(action, _Db) and action.role == "settle"):
                 if isinstance(action, Done):
                     raise asyncio.CancelledError
-                # The call (its claim is given up), or a wait, a question, a reconcile:
-                # none of them while nothing of this call's is left started.
+                # The call (its claim is given up), or anything else but what settles a
+                # claim held: a new claim, a look-up, a wait, a question, a reconcile.
                 error = _NotBegun() if isinstance(action, _Call) else asyncio.CancelledError()
                 continue
             if isinstance(action, (_Call, Done)):
@@ -884,7 +901,7 @@ class ProtocolRun:
                     op = self.ctx.journal.arun_op(
                         action.make_op, action.write, durable=action.durable
                     )
-                    if action.write:
+                    if action.role is not None:
                         value, cancelled = await _to_its_end(op)
                         self._cancelled = self._cancelled or cancelled
                     else:
@@ -906,20 +923,36 @@ class ProtocolRun:
                 error = exc
 
 
+# How long a journal write (a claim, or how a claim ended) is still awaited after the
+# task awaiting it was cancelled, before the cancellation goes on without knowing its
+# outcome (a database lock held elsewhere, a lost connection).
+CANCELLED_WRITE_WAIT = 5.0
+
+
 async def _to_its_end(op: Awaitable[T]) -> tuple[T, bool]:
-    """A journal write's result, awaited to its end even if the task awaiting it is
-    cancelled meanwhile; and whether it was."""
+    """A journal write's result, and whether the task awaiting it was cancelled
+    meanwhile: then the write is still awaited, up to :data:`CANCELLED_WRITE_WAIT`
+    seconds (a second cancellation stops waiting), and a write that failed or did not
+    end in time raises ``asyncio.CancelledError`` (the cancellation goes on)."""
     task = asyncio.ensure_future(op)
-    cancelled = False
-    while True:
-        try:
-            return await asyncio.shield(task), cancelled
-        except asyncio.CancelledError:
-            if task.cancelled():  # the write itself was cancelled (its loop closing)
-                raise
-            cancelled = True
-            if task.done():
-                return task.result(), True
+    try:
+        return await asyncio.shield(task), False
+    except asyncio.CancelledError:
+        if task.cancelled():  # the write itself was cancelled (its loop closing)
+            raise
+    task.add_done_callback(_retrieved)  # not waited for to its end: its error is dropped
+    done, _ = await asyncio.wait({task}, timeout=CANCELLED_WRITE_WAIT)
+    if not done:
+        raise asyncio.CancelledError
+    try:
+        return task.result(), True
+    except BaseException as exc:
+        raise asyncio.CancelledError from exc
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _sync_answer(value: Any, spec: EffectSpec) -> Any:

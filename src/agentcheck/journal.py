@@ -726,11 +726,13 @@ class JournalOps:
         return None
 
     def pause(
-        self, scope: str, step_key: str, *, owner: str, at: int, task: str | None
+        self, scope: str, step_key: str, *, owner: str, at: int | None, task: str | None
     ) -> Operation[None]:
         """A call taken over (after a crash or a failure) that paused for an interrupt
         before its effect: kept as ``paused``, with where among its task's questions its
-        own begin (``asked_at``, in ``task``), so that it runs again after the same ones."""
+        own begin (``asked_at``, in ``task``), so that it runs again after the same ones.
+        Also a take-over cancelled before its call began (``at``: None where the
+        framework does not number its questions)."""
         yield Query(self.sql.PAUSE_STEP, (at, task, scope, step_key, owner))
         return None
 

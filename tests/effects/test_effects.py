@@ -2119,11 +2119,14 @@ async def test_cancelled_call_leaves_an_unknown_outcome_not_a_failure(
     assert calls == [3]
 
 
-def gate_journal_write(saver: Any, n: int, *, after: bool) -> tuple[asyncio.Event, asyncio.Event]:
+def gate_journal_write(
+    saver: Any, n: int, *, after: bool, fail: BaseException | None = None
+) -> tuple[asyncio.Event, asyncio.Event]:
     """Hold the ``n``-th journal write (1-based) of async wrapped calls at a gate, before
     it is made or after it is committed; returns (reached, gate). The write goes on in
     the database's own worker (aiosqlite's thread, a sync saver's worker) whatever
-    happens to the task awaiting it: the gate stands for the time it takes."""
+    happens to the task awaiting it: the gate stands for the time it takes. ``fail``:
+    raised instead of making the write, once the gate opens (``after=False``)."""
     real = saver.arun_op
     reached, gate = asyncio.Event(), asyncio.Event()
     writes = 0
@@ -2137,6 +2140,8 @@ def gate_journal_write(saver: Any, n: int, *, after: bool) -> tuple[asyncio.Even
         if held and not after:
             reached.set()
             await gate.wait()
+            if fail is not None:
+                raise fail
         result = await real(make_op, write, durable=durable)
         if held and after:
             reached.set()
@@ -2231,11 +2236,94 @@ async def test_a_retry_cancelled_as_it_takes_a_failed_call_over_has_not_begun(
     with effect_scope(saver.journal, "scope-cancel-retry"):
         await cancel_at(asyncio.ensure_future(charge(3)), reached, gate)
     assert calls == [3]
+    # Kept, not deleted: its failure and its attempts stay in the ledger.
+    step = await only_step(saver, kind, "scope-cancel-retry")
+    assert (step.status, step.attempts) == ("paused", 2)
     with effect_scope(saver.journal, "scope-cancel-retry"):
         assert await charge(3) == 3
     assert calls == [3, 3]
     step = await only_step(saver, kind, "scope-cancel-retry")
-    assert (step.status, step.result) == ("completed", 3)
+    assert (step.status, step.attempts, step.result) == ("completed", 3, 3)
+
+
+@parametrize_kinds
+async def test_a_call_cancelled_as_it_finds_a_failed_call_takes_nothing_over(
+    kind: str, saver: Any
+) -> None:
+    """Cancelled while its claim is on its way, a call that finds the step failed (its
+    claim takes nothing) goes no further: it neither takes the step over nor logs a
+    start, and the failure stays as it was."""
+    calls: list[int] = []
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        raise ConnectionError("the provider hung up")
+
+    with effect_scope(saver.journal, "scope-cancel-look"), pytest.raises(ConnectionError):
+        await charge(3)
+    reached, gate = gate_journal_write(saver, 1, after=True)
+    with effect_scope(saver.journal, "scope-cancel-look"):
+        await cancel_at(asyncio.ensure_future(charge(3)), reached, gate)
+    assert calls == [3]
+    step = await only_step(saver, kind, "scope-cancel-look")
+    assert (step.status, step.attempts) == ("failed", 1)
+    events = await call(saver.journal, "events", kind, "scope-cancel-look")
+    assert phases(events) == ["start", "error"]
+
+
+@parametrize_kinds
+async def test_a_cancelled_call_whose_claim_then_fails_is_cancelled(kind: str, saver: Any) -> None:
+    """A claim that fails after the task was cancelled (a lock held elsewhere, a lost
+    connection) does not turn the cancellation into that error: the task is cancelled
+    (so a timeout still says it timed out), the error chained, and nothing runs."""
+    calls: list[int] = []
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        return amount
+
+    lost = ConnectionError("the database went away")
+    reached, gate = gate_journal_write(saver, 1, after=False, fail=lost)
+    with effect_scope(saver.journal, "scope-cancel-fail"):
+        running = asyncio.ensure_future(charge(3))
+        await asyncio.wait_for(reached.wait(), 30)
+        running.cancel()
+        gate.set()
+        with pytest.raises(asyncio.CancelledError) as raised:
+            await running
+    assert raised.value.__cause__ is lost
+    assert calls == []
+    assert await call(saver.journal, "steps", kind, scope="scope-cancel-fail") == []
+
+
+@parametrize_kinds
+async def test_a_cancelled_call_does_not_wait_for_its_claim_for_ever(
+    kind: str, saver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that does not end (a lock held elsewhere) is awaited only so long after
+    a cancellation (effects.CANCELLED_WRITE_WAIT): then the cancellation goes on, and the
+    claim, stored after all, is a call cut short, as a crash would leave it."""
+    monkeypatch.setattr("agentcheck.effects.CANCELLED_WRITE_WAIT", 0.05)
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        return amount
+
+    reached, gate = gate_journal_write(saver, 1, after=True)
+    with effect_scope(saver.journal, "scope-cancel-stuck"):
+        running = asyncio.ensure_future(charge(3))
+        await asyncio.wait_for(reached.wait(), 30)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(running, 30)
+        assert not gate.is_set()  # given up while the claim was still held up
+    gate.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    step = await only_step(saver, kind, "scope-cancel-stuck")
+    assert step.status == "started"
 
 
 @pytest.mark.parametrize("kind", ASYNC_KINDS)
