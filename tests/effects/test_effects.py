@@ -2165,6 +2165,16 @@ async def cancel_at(
         await running
 
 
+async def fail_then_cancel_at(saver: Any, charge: Any, scope: str, n: int) -> None:
+    """``charge(3)`` in ``scope``, which fails (ConnectionError), then again, cancelled
+    after its ``n``-th journal write is committed."""
+    with effect_scope(saver.journal, scope), pytest.raises(ConnectionError):
+        await charge(3)
+    reached, gate = gate_journal_write(saver, n, after=True)
+    with effect_scope(saver.journal, scope):
+        await cancel_at(asyncio.ensure_future(charge(3)), reached, gate)
+
+
 @parametrize_kinds
 async def test_a_call_cancelled_as_its_claim_is_stored_has_not_begun(kind: str, saver: Any) -> None:
     """A task cancelled (a timeout, a client gone) while the claim of its call is on its
@@ -2229,12 +2239,8 @@ async def test_a_retry_cancelled_as_it_takes_a_failed_call_over_has_not_begun(
             raise ConnectionError("the provider hung up")
         return amount
 
-    with effect_scope(saver.journal, "scope-cancel-retry"), pytest.raises(ConnectionError):
-        await charge(3)
     # The retry's claim (which finds the step failed), then its take-over.
-    reached, gate = gate_journal_write(saver, 2, after=True)
-    with effect_scope(saver.journal, "scope-cancel-retry"):
-        await cancel_at(asyncio.ensure_future(charge(3)), reached, gate)
+    await fail_then_cancel_at(saver, charge, "scope-cancel-retry", 2)
     assert calls == [3]
     # Kept, not deleted: its failure and its attempts stay in the ledger.
     step = await only_step(saver, kind, "scope-cancel-retry")
@@ -2260,11 +2266,7 @@ async def test_a_call_cancelled_as_it_finds_a_failed_call_takes_nothing_over(
         calls.append(amount)
         raise ConnectionError("the provider hung up")
 
-    with effect_scope(saver.journal, "scope-cancel-look"), pytest.raises(ConnectionError):
-        await charge(3)
-    reached, gate = gate_journal_write(saver, 1, after=True)
-    with effect_scope(saver.journal, "scope-cancel-look"):
-        await cancel_at(asyncio.ensure_future(charge(3)), reached, gate)
+    await fail_then_cancel_at(saver, charge, "scope-cancel-look", 1)
     assert calls == [3]
     step = await only_step(saver, kind, "scope-cancel-look")
     assert (step.status, step.attempts) == ("failed", 1)
