@@ -651,9 +651,8 @@ def _protocol(
     try:
         result = yield _Call(key)
     except not_begun as stop:
-        # A take-over cancelled before its call: kept (paused) too, so that the step's
-        # history (its failure or its unknown outcome, its attempts) stays; the next
-        # attempt takes it over and runs it.
+        # A take-over cancelled before its call: kept (paused) too, not deleted, so that
+        # its attempts stay counted; the next attempt takes it over and runs it.
         if position is not None or (isinstance(stop, _NotBegun) and claim.step.attempts > 1):
             # Kept, not forgotten: a claim made anew would not pass over those
             # questions, and the call's own would meet their answers.
@@ -871,8 +870,8 @@ class ProtocolRun:
         A cancellation of the task does not cut a claim or the record of its end short:
         whether a claim is held, or a result was stored, must be known (else a call that
         never began, or whose result was in hand, is left with an unknown outcome). Such
-        a write is awaited to its end (up to :data:`CANCELLED_WRITE_WAIT` seconds; a
-        second cancellation stops waiting), then the cancellation goes on: nothing more
+        a write is awaited to its end (up to :data:`CANCELLED_WRITE_WAIT` seconds), then
+        the cancellation goes on: nothing more
         is claimed, the claim of a call not begun is given up, a result is kept, and
         ``asyncio.CancelledError`` is raised."""
         while True:
@@ -932,18 +931,27 @@ CANCELLED_WRITE_WAIT = 5.0
 async def _to_its_end(op: Awaitable[T]) -> tuple[T, bool]:
     """A journal write's result, and whether the task awaiting it was cancelled
     meanwhile: then the write is still awaited, up to :data:`CANCELLED_WRITE_WAIT`
-    seconds (a second cancellation stops waiting), and a write that failed or did not
-    end in time raises ``asyncio.CancelledError`` (the cancellation goes on)."""
+    seconds, and a write that failed or did not end in time raises
+    ``asyncio.CancelledError`` (the cancellation goes on)."""
     task = asyncio.ensure_future(op)
     try:
         return await asyncio.shield(task), False
     except asyncio.CancelledError:
         if task.cancelled():  # the write itself was cancelled (its loop closing)
             raise
-    task.add_done_callback(_retrieved)  # not waited for to its end: its error is dropped
-    done, _ = await asyncio.wait({task}, timeout=CANCELLED_WRITE_WAIT)
-    if not done:
-        raise asyncio.CancelledError
+    task.add_done_callback(_retrieved)  # if given up on: its error is dropped
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CANCELLED_WRITE_WAIT
+    while not task.done():
+        left = deadline - loop.time()
+        if left <= 0:
+            raise asyncio.CancelledError
+        try:
+            await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError:
+            # Cancelled again: LangGraph cancels a failing step's other tasks more than
+            # once, so only the deadline ends the wait.
+            continue
     try:
         return task.result(), True
     except BaseException as exc:

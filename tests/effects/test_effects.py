@@ -2242,7 +2242,7 @@ async def test_a_retry_cancelled_as_it_takes_a_failed_call_over_has_not_begun(
     # The retry's claim (which finds the step failed), then its take-over.
     await fail_then_cancel_at(saver, charge, "scope-cancel-retry", 2)
     assert calls == [3]
-    # Kept, not deleted: its failure and its attempts stay in the ledger.
+    # Kept, not deleted: its attempts stay counted.
     step = await only_step(saver, kind, "scope-cancel-retry")
     assert (step.status, step.attempts) == ("paused", 2)
     with effect_scope(saver.journal, "scope-cancel-retry"):
@@ -2349,6 +2349,49 @@ async def test_a_run_cancelled_as_a_charge_is_recorded_replays_it_when_resumed(
     await cancel_at(asyncio.ensure_future(graph.ainvoke({"out": []}, config)), reached, gate)
     assert calls == [3]
     assert (await graph.ainvoke(None, config))["out"] == ["charged 3"]
+    assert calls == [3]
+
+
+@pytest.mark.parametrize("kind", ASYNC_KINDS)
+async def test_a_node_cancelled_by_a_failing_sibling_as_it_claims_runs_its_call_when_resumed(
+    kind: str, saver: Any
+) -> None:
+    """LangGraph cancels the tasks still running in a step when one fails, and cancels
+    them more than once. A node cancelled so while its charge's claim is on its way has
+    not charged: its claim is given up, and resuming the thread charges once."""
+    calls: list[int] = []
+    failed: list[bool] = []
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        return amount
+
+    reached, gate = gate_journal_write(saver, 1, after=True)  # the claim, committed
+
+    async def flaky(state: Log) -> Log:
+        if not failed:
+            failed.append(True)
+            await asyncio.wait_for(reached.wait(), 30)
+            asyncio.get_running_loop().call_later(0.05, gate.set)  # after the cancels
+            raise ValueError("the inventory service is down")
+        return {"out": ["checked"]}
+
+    async def charging(state: Log) -> Log:
+        return {"out": [f"charged {await charge(3)}"]}
+
+    builder = StateGraph(Log)
+    builder.add_node("check", flaky)
+    builder.add_node("charge", charging)
+    builder.add_edge(START, "check")
+    builder.add_edge(START, "charge")
+    graph = builder.compile(checkpointer=saver)
+    config: Any = {"configurable": {"thread_id": "failing-sibling"}}
+    with pytest.raises(ValueError, match="inventory"):
+        await graph.ainvoke({"out": []}, config)
+    assert calls == []
+    assert await call(saver.journal, "steps", kind, scope="failing-sibling") == []
+    assert sorted((await graph.ainvoke(None, config))["out"]) == ["charged 3", "checked"]
     assert calls == [3]
 
 
