@@ -2152,6 +2152,18 @@ def gate_journal_write(
     return reached, gate
 
 
+def counting_charge(calls: list[int]) -> Any:
+    """An async ``@side_effect`` charge that returns its amount, appended to ``calls``
+    each time it really runs."""
+
+    @side_effect
+    async def charge(amount: int) -> int:
+        calls.append(amount)
+        return amount
+
+    return charge
+
+
 async def cancel_at(
     running: asyncio.Future[Any], reached: asyncio.Event, gate: asyncio.Event
 ) -> None:
@@ -2181,11 +2193,7 @@ async def test_a_call_cancelled_as_its_claim_is_stored_has_not_begun(kind: str, 
     way: the call never began, so its claim is given up, not left to look like a call
     cut short (whose outcome would be unknown, and the next attempt refused)."""
     calls: list[int] = []
-
-    @side_effect
-    async def charge(amount: int) -> int:
-        calls.append(amount)
-        return amount
+    charge = counting_charge(calls)
 
     reached, gate = gate_journal_write(saver, 1, after=True)  # the claim, committed
     with effect_scope(saver.journal, "scope-cancel-claim"):
@@ -2280,11 +2288,7 @@ async def test_a_cancelled_call_whose_claim_then_fails_is_cancelled(kind: str, s
     connection) does not turn the cancellation into that error: the task is cancelled
     (so a timeout still says it timed out), the error chained, and nothing runs."""
     calls: list[int] = []
-
-    @side_effect
-    async def charge(amount: int) -> int:
-        calls.append(amount)
-        return amount
+    charge = counting_charge(calls)
 
     lost = ConnectionError("the database went away")
     reached, gate = gate_journal_write(saver, 1, after=False, fail=lost)
@@ -2336,11 +2340,7 @@ async def test_a_run_cancelled_as_a_charge_is_recorded_replays_it_when_resumed(
     charge's result is on its way to the journal, resuming the thread replays the charge
     (it was made) instead of refusing it as an unknown outcome."""
     calls: list[int] = []
-
-    @side_effect
-    async def charge(amount: int) -> int:
-        calls.append(amount)
-        return amount
+    charge = counting_charge(calls)
 
     node = calling_node(kind, charge, (3,), lambda charged: {"out": [f"charged {charged}"]})
     graph = one_node_graph(node, saver)
