@@ -650,12 +650,11 @@ def _protocol(
     not_begun: tuple[type[BaseException], ...] = (_NotBegun, *_pause_errors)
     try:
         result = yield _Call(key)
-    except not_begun as stop:
-        # A take-over cancelled before its call: kept (paused) too, not deleted, so that
-        # its attempts stay counted; the next attempt takes it over and runs it.
-        if position is not None or (isinstance(stop, _NotBegun) and claim.step.attempts > 1):
-            # Kept, not forgotten: a claim made anew would not pass over those
-            # questions, and the call's own would meet their answers.
+    except not_begun:
+        if claim.step.attempts > 1:
+            # A take-over is kept (paused), not forgotten: a claim made anew would not
+            # pass over the questions before it, and the call's own would meet their
+            # answers; and its attempts stay counted. The next attempt takes it over.
             start = position[0] if position is not None else None
             yield _Db(
                 lambda: ops.pause(ctx.scope, step_key, owner=owner, at=start, task=ctx.task),
@@ -871,9 +870,8 @@ class ProtocolRun:
         whether a claim is held, or a result was stored, must be known (else a call that
         never began, or whose result was in hand, is left with an unknown outcome). Such
         a write is awaited to its end (up to :data:`CANCELLED_WRITE_WAIT` seconds), then
-        the cancellation goes on: nothing more
-        is claimed, the claim of a call not begun is given up, a result is kept, and
-        ``asyncio.CancelledError`` is raised."""
+        the cancellation goes on: nothing more is claimed, the claim of a call not begun
+        is given up, a result is kept, and ``asyncio.CancelledError`` is raised."""
         while True:
             try:
                 action = self._next(value, error)

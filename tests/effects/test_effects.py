@@ -2152,14 +2152,17 @@ def gate_journal_write(
     return reached, gate
 
 
-def counting_charge(calls: list[int]) -> Any:
-    """An async ``@side_effect`` charge that returns its amount, appended to ``calls``
-    each time it really runs."""
+def counting_charge(calls: list[int], *, fails: int = 0, times: int = 1) -> Any:
+    """An async ``@side_effect`` charge that appends its amount to ``calls`` each time
+    it really runs; its first ``fails`` runs raise ConnectionError, the others return
+    the amount ``times`` over."""
 
     @side_effect
     async def charge(amount: int) -> int:
         calls.append(amount)
-        return amount
+        if len(calls) <= fails:
+            raise ConnectionError("the provider hung up")
+        return amount * times
 
     return charge
 
@@ -2215,11 +2218,7 @@ async def test_a_call_cancelled_as_its_result_is_stored_keeps_its_result(
     has had its effect and its result is in hand, so it is stored (and the cancellation
     goes on); the next attempt replays it instead of finding an unknown outcome."""
     calls: list[int] = []
-
-    @side_effect
-    async def charge(amount: int) -> int:
-        calls.append(amount)
-        return amount * 10
+    charge = counting_charge(calls, times=10)
 
     reached, gate = gate_journal_write(saver, 2, after=False)  # the result, not yet made
     with effect_scope(saver.journal, "scope-cancel-result"):
@@ -2239,13 +2238,7 @@ async def test_a_retry_cancelled_as_it_takes_a_failed_call_over_has_not_begun(
     """The same for a call that failed before: cancelled while its retry takes the step
     over, the retry has not begun, and the next attempt runs it."""
     calls: list[int] = []
-
-    @side_effect
-    async def charge(amount: int) -> int:
-        calls.append(amount)
-        if len(calls) == 1:
-            raise ConnectionError("the provider hung up")
-        return amount
+    charge = counting_charge(calls, fails=1)
 
     # The retry's claim (which finds the step failed), then its take-over.
     await fail_then_cancel_at(saver, charge, "scope-cancel-retry", 2)
@@ -2268,11 +2261,7 @@ async def test_a_call_cancelled_as_it_finds_a_failed_call_takes_nothing_over(
     claim takes nothing) goes no further: it neither takes the step over nor logs a
     start, and the failure stays as it was."""
     calls: list[int] = []
-
-    @side_effect
-    async def charge(amount: int) -> int:
-        calls.append(amount)
-        raise ConnectionError("the provider hung up")
+    charge = counting_charge(calls, fails=2)
 
     await fail_then_cancel_at(saver, charge, "scope-cancel-look", 1)
     assert calls == [3]
