@@ -2401,6 +2401,150 @@ async def test_a_completed_step_is_never_overwritten(kind: str, saver: Any) -> N
     assert step.attempts == 1
 
 
+def traced_claim_op(
+    journal: Journal, key: str, owner: str, *, seen: str | None = None
+) -> Callable[[], Any]:
+    """A claim (or, with ``seen``, a take-over from that owner) with its start event."""
+    event = EventSpec("r1", "tool", "start", name=f"charge by {owner}", step_key=key)
+    if seen is not None:
+        return lambda: journal.ops.reclaim(
+            "s", key, seen_owner=seen, owner=owner, run_id="r1", event=event
+        )
+    return lambda: journal.ops.claim(
+        "s",
+        key,
+        run_id="r1",
+        kind="tool",
+        name="charge",
+        effect="side_effect",
+        idempotency_key=f"ac-{key}",
+        args={"amount": 5},
+        owner=owner,
+        event=event,
+    )
+
+
+def traced_complete_op(journal: Journal, key: str, owner: str) -> Callable[[], Any]:
+    event = EventSpec("r1", "tool", "end", name=f"charge by {owner}", step_key=key, payload=7)
+    return lambda: journal.ops.complete("s", key, owner=owner, result=7, event=event)
+
+
+@parametrize_kinds
+async def test_an_operation_made_again_after_its_commit_appends_its_event_once(
+    kind: str, saver: Any
+) -> None:
+    """A pool makes an operation again on another connection when its connection
+    breaks, even as it commits (the commit stored, its answer lost): a claim, a
+    take-over or a completion made again finds its own work done and appends no second
+    event. (Before, a claim or take-over made again appended its start event twice.)"""
+    journal = saver.journal
+    for _ in range(2):
+        claim = await run_op(journal, kind, traced_claim_op(journal, "pay", "w1"))
+        assert claim.owned and claim.step.attempts == 1
+    await run_op(journal, kind, fail_op(journal, "s", "pay", "w1", "Timeout: no answer"))
+    for _ in range(2):
+        took = await run_op(journal, kind, traced_claim_op(journal, "pay", "w2", seen="w1"))
+        assert took.owned and took.step.attempts == 2
+    assert await run_op(journal, kind, traced_complete_op(journal, "pay", "w2"))
+    assert not await run_op(journal, kind, traced_complete_op(journal, "pay", "w2"))
+
+    events = await call(journal, "events", kind, "r1")
+    assert [(e.phase, e.name) for e in events] == [
+        ("start", "charge by w1"),
+        ("start", "charge by w2"),
+        ("end", "charge by w2"),
+    ]
+    step = await call(journal, "get_step", kind, "s", "pay")
+    assert (step.status, step.owner, step.result, step.attempts) == ("completed", "w2", 7, 2)
+
+
+@parametrize_kinds
+async def test_a_completion_whose_event_fails_stores_nothing_and_the_journal_goes_on(
+    kind: str, saver: Any
+) -> None:
+    """The step's completion and its end event commit together or not at all (on
+    PostgreSQL one statement sent with its COMMIT): an event the database refuses (a
+    token count past a 64-bit integer) leaves the step started, and the next operation
+    on the same saver works."""
+    journal = saver.journal
+    assert (await run_op(journal, kind, traced_claim_op(journal, "pay", "w1"))).owned
+    bad = EventSpec("r1", "tool", "end", name="charge", step_key="pay", input_tokens=2**70)
+    with pytest.raises((OverflowError, psycopg.Error)):
+        await run_op(
+            journal,
+            kind,
+            lambda: journal.ops.complete("s", "pay", owner="w1", result=7, event=bad),
+        )
+    step = await call(journal, "get_step", kind, "s", "pay")
+    assert (step.status, step.result) == ("started", None)
+    assert await run_op(journal, kind, traced_complete_op(journal, "pay", "w1"))
+    events = await call(journal, "events", kind, "r1")
+    assert [(e.phase, e.name) for e in events] == [
+        ("start", "charge by w1"),
+        ("end", "charge by w1"),
+    ]
+
+
+def round_trips(trace: str) -> int:
+    """Round trips in a libpq trace: each waits for the server at a Sync message."""
+    return sum(1 for line in trace.splitlines() if line.split("\t")[::2] == ["F", "Sync"])
+
+
+@pytest.mark.parametrize("kind", ["postgres", "async_postgres"])
+async def test_a_wrapped_calls_claim_and_completion_take_one_round_trip_each(
+    kind: str, pg_url: str, tmp_path: Any
+) -> None:
+    """On PostgreSQL a claim with its start event, and a completion with its end
+    event, are one statement each, sent with their commit: one round trip each (they
+    took two: the step's statement, whose answer decides on the event, then the event
+    and the COMMIT). A claim that finds the step taken reads it afterwards."""
+    from agentcheck.savers import AsyncPostgresSaver, PostgresSaver
+
+    path = tmp_path / "trace.txt"
+    if is_async(kind):
+        conn: Any = await psycopg.AsyncConnection.connect(
+            pg_url, autocommit=True, prepare_threshold=0
+        )
+        saver: Any = AsyncPostgresSaver(conn)
+        await saver.setup()
+    else:
+        conn = psycopg.Connection.connect(pg_url, autocommit=True, prepare_threshold=0)
+        saver = PostgresSaver(conn)
+        saver.setup()
+    journal = saver.journal
+
+    async def traced(make_op: Callable[[], Any]) -> tuple[Any, int]:
+        with path.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                result = await run_op(journal, kind, make_op)
+            finally:
+                conn.pgconn.untrace()
+        return result, round_trips(path.read_text())
+
+    try:
+        # prepare_threshold=0 (as LangGraph's docs advise): each statement is prepared
+        # at its first use on the connection, a round trip more, once.
+        await run_op(journal, kind, traced_claim_op(journal, "warm", "w0"))
+        await run_op(journal, kind, traced_complete_op(journal, "warm", "w0"))
+        await run_op(journal, kind, traced_claim_op(journal, "warm", "w9"))
+
+        claim, trips = await traced(traced_claim_op(journal, "pay", "w1"))
+        assert claim.owned and trips == 1
+        done, trips = await traced(traced_complete_op(journal, "pay", "w1"))
+        assert done and trips == 1
+        taken, trips = await traced(traced_claim_op(journal, "pay", "w2"))
+        assert not taken.owned and taken.step.status == "completed" and trips == 2
+        events = await call(journal, "events", kind, "r1")
+        assert [(e.phase, e.name, e.step_key) for e in events][-2:] == [
+            ("start", "charge by w1", "pay"),
+            ("end", "charge by w1", "pay"),
+        ]
+    finally:
+        await conn.close() if is_async(kind) else conn.close()
+
+
 @parametrize_kinds
 async def test_two_concurrent_claims_of_one_step_give_exactly_one_owner(
     kind: str, saver: Any

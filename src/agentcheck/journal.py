@@ -605,30 +605,23 @@ class JournalOps:
             yield from self.core._ensure_run(run_id, ensure_run, position)
         atype, adata = self.dump(args)
         started_at = now()
-        inserted = yield Query(
-            self.sql.CLAIM_STEP,
-            (
-                scope,
-                step_key,
-                run_id,
-                kind,
-                name,
-                effect,
-                idempotency_key,
-                owner,
-                started_at,
-                atype,
-                adata,
-                task,
-            ),
-            fetch=True,
-        )
-        # The row as inserted, in SELECT_STEP's columns; none if the step existed.
+        params = (scope, step_key, run_id, kind, name, effect, idempotency_key, owner,
+                  started_at, atype, adata, task)  # fmt: skip
+        # The row as inserted, in SELECT_STEP's columns.
         row = (scope, step_key, run_id, kind, name, effect, "started", idempotency_key, 1,
                owner, started_at, None, atype, adata, None, None, None, None, None,
                task)  # fmt: skip
         # The start event usually carries the arguments: serialized once, stored twice.
         dumped = (atype, adata) if event is not None and event.payload is args else None
+        if event is not None and self.sql.CLAIM_STEP_LOGGED is not None:
+            # The event comes with the claim, only if it inserted the step: nothing is
+            # written after it (a step found instead is only read).
+            event_row = self._event_row(event, dumped, started_at)
+            inserted = yield Query(
+                self.sql.CLAIM_STEP_LOGGED, (*params, *event_row), fetch=True, final=True
+            )
+            return (yield from self._claimed([row] if inserted else [], scope, step_key, owner))
+        inserted = yield Query(self.sql.CLAIM_STEP, params, fetch=True, final=event is None)
         return (
             yield from self._claimed(
                 [row] if inserted else [], scope, step_key, owner, event, dumped, started_at
@@ -668,18 +661,22 @@ class JournalOps:
         scope: str,
         step_key: str,
         owner: str,
-        event: EventSpec | None,
+        event: EventSpec | None = None,
         dumped: tuple[str | None, bytes | None] | None = None,
         ts: str | None = None,
     ) -> Operation[Claim]:
         """The claim a claim or a take-over made: the step as its statement returned it,
         or, when it returned none (another owner has it, or it is done), as it is; the
-        start event appended when it is ours (``dumped``, ``ts``: see :meth:`log`)."""
-        if not rows:
+        start event appended when its statement made it ours (``dumped``, ``ts``: see
+        :meth:`log`). A step found ours without it was claimed by this very operation
+        made before: a pool makes an operation again when its connection breaks, even
+        as it commits, and the answer is lost; its event is stored already."""
+        changed = bool(rows)
+        if not changed:
             rows = yield Query(self.sql.SELECT_STEP, (scope, step_key), fetch=True)
         step = self._step(rows[0])
         owned = step.owner == owner and step.status == "started"
-        if owned and event is not None:
+        if owned and changed and event is not None:
             yield from self.log(event, dumped, ts)
         return Claim(step, owned)
 
@@ -697,12 +694,16 @@ class JournalOps:
         ``interrupts``: how many interrupt() calls of its task the call made."""
         rtype, rdata = self.dump(result)
         finished_at = now()
-        query = (finished_at, rtype, rdata, interrupts or None, scope, step_key, owner)
+        params = (finished_at, rtype, rdata, interrupts or None, scope, step_key, owner)
+        # The end event usually carries the result: serialized once, stored twice.
+        dumped = (rtype, rdata) if event is not None and event.payload is result else None
         # A row back: it was ours and started, and is completed now.
-        done = bool((yield Query(self.sql.COMPLETE_STEP, query, fetch=True)))
+        if event is not None and self.sql.COMPLETE_STEP_LOGGED is not None:
+            event_row = self._event_row(event, dumped, finished_at)
+            logged = self.sql.COMPLETE_STEP_LOGGED
+            return bool((yield Query(logged, (*params, *event_row), fetch=True, final=True)))
+        done = bool((yield Query(self.sql.COMPLETE_STEP, params, fetch=True, final=event is None)))
         if done and event is not None:
-            # The end event usually carries the result: serialized once, stored twice.
-            dumped = (rtype, rdata) if event.payload is result else None
             yield from self.log(event, dumped, finished_at)
         return done
 

@@ -90,6 +90,9 @@ class Query:
         check: the statement changes nothing and fails if something it reads is not
             as expected; what it reads, no later statement of the operation writes. A
             backend may run it as part of one statement with those.
+        final: the operation writes nothing after this statement (it may still read):
+            a backend may commit the operation's transaction with it, so that the
+            statement, its answer and the commit take one round trip (PostgreSQL).
     """
 
     sql: str
@@ -99,6 +102,7 @@ class Query:
     fetch: bool = field(default=False, kw_only=True)
     disjoint: bool = field(default=False, kw_only=True)
     check: bool = field(default=False, kw_only=True)
+    final: bool = field(default=False, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -729,6 +733,10 @@ class SQL:
     # statement, the event appended only if the transition applied (see PostgresSQL).
     START_RUN_LOGGED: str | None = None
     MARK_SUCCEEDED_LOGGED: str | None = None
+    # Likewise a step's claim or completion and its event (parameters: the step's, then
+    # the event's row).
+    CLAIM_STEP_LOGGED: str | None = None
+    COMPLETE_STEP_LOGGED: str | None = None
     SELECT_RUN = (
         "SELECT run_id, framework, name, thread_id, status, attempt, owner, lease_until, "
         "created_at, updated_at, ended_at, metadata_type, metadata, error "

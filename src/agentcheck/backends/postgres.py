@@ -71,13 +71,14 @@ class PostgresSQL(SQL):
     # the event is appended only if the transition applied, without reading its answer
     # first, so a checkpoint that starts or ends a run is still one round trip. (Typed
     # placeholders: in a SELECT list PostgreSQL would take an untyped one as text.)
-    _EVENT_FROM = (
+    _EVENT_SELECT = (
         "INSERT INTO agentcheck_events (run_id, ts, kind, phase, name, step_key, "
         "parent_seq, input_tokens, output_tokens, cost, payload_type, payload, error) "
-        "SELECT run_id, ?::text, ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::bigint, "
+        "SELECT {run_id}, ?::text, ?::text, ?::text, ?::text, ?::text, ?::bigint, ?::bigint, "
         "?::bigint, ?::double precision, ?::text, ?::bytea, ?::text FROM changed "
         "RETURNING seq"
     )
+    _EVENT_FROM = _EVENT_SELECT.format(run_id="run_id")
     START_RUN_LOGGED = (
         "WITH changed AS ("
         + SQL.START_RUN.replace("RETURNING attempt", "RETURNING run_id")
@@ -85,6 +86,13 @@ class PostgresSQL(SQL):
         + _EVENT_FROM
     )
     MARK_SUCCEEDED_LOGGED = "WITH changed AS (" + SQL.MARK_SUCCEEDED + ") " + _EVENT_FROM
+    # A step's claim or completion and its event, likewise: a wrapped call's claim and
+    # its completion are one round trip each (with Query.final, the commit included),
+    # and a retry after a commit whose answer was lost appends no second event. The
+    # event names its own run (a step may have none).
+    _EVENT_IF_CHANGED = _EVENT_SELECT.format(run_id="?::text")
+    CLAIM_STEP_LOGGED = "WITH changed AS (" + SQL.CLAIM_STEP + ") " + _EVENT_IF_CHANGED
+    COMPLETE_STEP_LOGGED = "WITH changed AS (" + SQL.COMPLETE_STEP + ") " + _EVENT_IF_CHANGED
     # An insert of nothing, unless a value is missing: then a division by zero (of a
     # value the planner cannot fold) fails it, and the put with it. Written as an insert
     # so that it joins the put's statement (see _parts). The rows are locked (FOR KEY
@@ -619,11 +627,38 @@ class _Held:
         self.pipelined = pipelined
         self.held: list[tuple[Query, Any]] = []  # (statement, cursor to send it on)
         self.late: list[tuple[Any, Rows]] = []  # (cursor, rows) of Later statements
+        self.framed = False  # the operation is framed by BEGIN/COMMIT of its own
+        self.committed = False  # ... and committed already, with a final statement
 
     def _burst(self, statements: int) -> Any:
         """The block to send that many statements in: a pipeline of their own when they
         are several and the operation is not in one already (``with`` or ``async with``)."""
         return self.conn.pipeline() if statements > 1 and not self.pipelined else _NO_BLOCK
+
+    def hold(self, query: Query) -> None:
+        """Hold a statement whose rows are not read. The COMMIT of a write committed
+        already (see take_final) is dropped; any other write after it is a mistake."""
+        if query is _BEGIN:
+            self.framed = True
+        elif self.committed:
+            if query is _COMMIT:
+                return
+            raise RuntimeError("agentcheck: a write after its operation's final statement")
+        self.held.append((query, self.cur))
+
+    def commits_with(self, query: Query) -> bool:
+        """Whether the write commits with this statement: a
+        :attr:`~agentcheck.backends.base.Query.final` one, in a write framed by
+        :func:`_framed` (in a transaction of the caller's, the caller commits)."""
+        return query.final and self.framed and not self.committed
+
+    def take_final(self, query: Query, own: Any) -> list[tuple[Query, Any]]:
+        """The statements to send for a statement the write commits with: the held
+        ones, it (on ``own``, the cursor its rows are read from) and the COMMIT, joined
+        as :meth:`take_held` joins them, so that its answer comes with the commit."""
+        self.held += [(query, own), (_COMMIT, self.cur)]
+        self.committed = True
+        return self.take_held()
 
     def take_held(self) -> list[tuple[Query, Any]]:
         """The held statements, to send now.
@@ -658,6 +693,8 @@ class _Held:
         return None if one is None else (one, cur)
 
     def execute_later(self, query: Query) -> Callable[[], Rows]:
+        if self.committed:
+            raise RuntimeError("agentcheck: a write after its operation's final statement")
         own = _cursor(self.conn)
         self.held.append((query, own))
         rows: Rows = []
@@ -679,8 +716,15 @@ class _Statements(_Held):
 
     def execute(self, query: Query) -> Rows:
         if not query.fetch:
-            self.held.append((query, self.cur))
+            self.hold(query)
             return []
+        if self.commits_with(query):
+            with _cursor(self.conn) as own:
+                final = self.take_final(query, own)
+                with self._burst(len(final)):
+                    for held_query, cur in final:
+                        _send(cur, held_query)
+                return own.fetchall()  # type: ignore[no-any-return]
         held = self.take_held()
         # Rows come in binary format: text format sends each stored value hex-encoded,
         # twice its size. A read alone outside pipeline mode is answered before the next
@@ -739,8 +783,15 @@ class _AsyncStatements(_Held):
 
     async def execute(self, query: Query) -> Rows:
         if not query.fetch:
-            self.held.append((query, self.cur))
+            self.hold(query)
             return []
+        if self.commits_with(query):
+            async with _cursor(self.conn) as own:
+                final = self.take_final(query, own)
+                async with self._burst(len(final)):
+                    for held_query, cur in final:
+                        await _send(cur, held_query)
+                return await own.fetchall()  # type: ignore[no-any-return]
         held = self.take_held()
         if not held and not self.pipelined:
             await self.cur.execute(_pg(query.sql), tuple(query.params), binary=True)
