@@ -62,6 +62,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="fewer repetitions and 20,000 checkpoints (not 100,000) for the filter workload",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few repetitions of everything, on small data: checks that the benchmark "
+        "runs (the test suite does); its figures say nothing",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write all figures here")
     parser.add_argument(
         "--only",
@@ -77,6 +83,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.names = choices(parser, "--only", args.only, NAMES) if args.only else NAMES
     args.dbs = choices(parser, "--db", args.db, DBS)
+    args.quick = args.quick or args.smoke
     return args
 
 
@@ -131,12 +138,16 @@ def state_facts(corpus: MessageCorpus) -> dict[str, Any]:
 
 def header(args: argparse.Namespace, env: dict[str, Any], state: dict[str, Any]) -> str:
     packages = env["packages"]
-    filter_total = FILTER_THREADS * filter_steps(args.quick)
+    filter_total = FILTER_THREADS * filter_steps(args.quick, args.smoke)
+    mode = (
+        "SMOKE RUN: a few repetitions on small data, the figures mean nothing"
+        if (args.smoke)
+        else "QUICK MODE: fewer repetitions"
+    )
     lines = [
         "agentcheck vs the official LangGraph savers"
         + (
-            f"  [QUICK MODE: fewer repetitions; the filter workload uses {filter_total:,} "
-            "checkpoints, not 100,000]"
+            f"  [{mode}; the filter workload uses {filter_total:,} checkpoints, not 100,000]"
             if args.quick
             else ""
         ),
@@ -277,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pg = stack.enter_context(PostgresServer())
         databases = Databases(tmp, pg)
         corpus = MessageCorpus()
-        ctx = Context(databases, args.dbs, args.quick, corpus, log)
+        ctx = Context(databases, args.dbs, args.quick, corpus, log, smoke=args.smoke)
         floor: dict[str, dict[str, Summary]] = {}
         rows: list[Row] = []
         for name in args.names:
@@ -312,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.json,
             {
                 "quick": args.quick,
+                "smoke": args.smoke,
                 "only": list(args.names),
                 "databases": list(args.dbs),
                 "elapsed_s": elapsed,
