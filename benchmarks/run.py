@@ -141,7 +141,7 @@ def header(args: argparse.Namespace, env: dict[str, Any], state: dict[str, Any])
     filter_total = FILTER_THREADS * filter_steps(args.quick, args.smoke)
     mode = (
         "SMOKE RUN: a few repetitions on small data, the figures mean nothing"
-        if (args.smoke)
+        if args.smoke
         else "QUICK MODE: fewer repetitions"
     )
     lines = [
