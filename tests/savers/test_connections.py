@@ -9,6 +9,7 @@ usable.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -334,3 +335,103 @@ async def test_a_failed_write_in_the_callers_async_pipeline_leaves_the_connectio
     finally:
         await conn.close()
     assert _notes(pg_url) == [0, 1, 2, 3]
+
+
+# ------------------------------------- a write that commits with its last statement
+
+
+def _final_note(n: int) -> Any:
+    """A write that commits with its last statement (Query.final), then reads."""
+    yield Query("INSERT INTO notes VALUES (?)", (n,))
+    rows = yield Query(
+        "INSERT INTO notes VALUES (?) RETURNING n", (n + 100,), fetch=True, final=True
+    )
+    (count,) = (yield Query("SELECT count(*) FROM notes", (), fetch=True))[0]
+    return rows[0][0], count
+
+
+def _final_duplicate() -> Any:
+    """A write whose final statement fails: the statement before it must go too."""
+    yield Query("INSERT INTO notes VALUES (?)", (7,))
+    yield Query("INSERT INTO uniq VALUES (?) RETURNING n", (1,), fetch=True, final=True)
+
+
+def _write_after_final() -> Any:
+    yield Query("INSERT INTO notes VALUES (?) RETURNING n", (8,), fetch=True, final=True)
+    yield Query("INSERT INTO notes VALUES (?)", (9,))
+
+
+@contextmanager
+def _connection_in(mode: str, url: str) -> Iterator[tuple[Any, Any]]:
+    """(connection, the caller's block around the saver's operations) for ``mode``."""
+    if mode == "pool":
+        with ConnectionPool(url, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+            yield pool, contextlib.nullcontext()
+        return
+    autocommit = mode != "not-autocommit"
+    with psycopg.connect(url, autocommit=autocommit, prepare_threshold=0) as conn:
+        if mode == "callers-pipeline":
+            yield conn, conn.pipeline()
+        elif mode == "callers-transaction":
+            yield conn, conn.transaction()
+        else:
+            yield conn, contextlib.nullcontext()
+
+
+@pytest.mark.parametrize(
+    "mode",
+    ["pool", "connection", "callers-pipeline", "callers-transaction", "not-autocommit"],
+)
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "relaxed"])
+def test_a_write_that_commits_with_its_final_statement(
+    pg_url: str, mode: str, durable: bool
+) -> None:
+    """Query.final (the operation writes nothing after that statement): the write and
+    its answer are one round trip with the commit where the saver frames the write
+    itself, and a plain statement of the caller's transaction otherwise. Either way the
+    answer comes back, a read may follow, a failing final statement takes the whole
+    write back with it, and the connection goes on working."""
+    _tables(pg_url)
+    with _connection_in(mode, pg_url) as (conn, block):
+        saver = PostgresSaver(conn)
+        saver.setup()
+        with block:
+            assert saver.run_op(lambda: _final_note(1), True, durable=durable) == (101, 2)
+            if mode != "callers-transaction":  # a failure there aborts the caller's too
+                with pytest.raises(psycopg.errors.UniqueViolation):
+                    saver.run_op(_final_duplicate, True, durable=durable)
+            assert saver.run_op(lambda: _final_note(2), True, durable=durable) == (102, 4)
+        if mode == "not-autocommit":
+            conn.commit()
+    assert _notes(pg_url) == [1, 2, 101, 102]
+
+
+def test_a_write_after_the_final_statement_is_refused(pg_url: str) -> None:
+    """An operation that writes after its final statement (a mistake: it has committed
+    already) gets an error naming it, not a write outside its transaction."""
+    _tables(pg_url)
+    with PostgresSaver.from_conn_string(pg_url) as saver:
+        with pytest.raises(RuntimeError, match="a write after its operation's final statement"):
+            saver.run_op(_write_after_final, True)
+    assert _notes(pg_url) == [8]
+
+
+async def test_a_write_that_commits_with_its_final_statement_async(pg_url: str) -> None:
+    """The same on an AsyncConnection, framed by the saver and in the caller's pipeline."""
+    _tables(pg_url)
+    conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True, prepare_threshold=0)
+    try:
+        saver = AsyncPostgresSaver(conn)
+        await saver.setup()
+        for durable in (True, False):
+            assert await saver.arun_op(lambda: _final_note(1), True, durable=durable) == (101, 2)
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                await saver.arun_op(_final_duplicate, True, durable=durable)
+            async with conn.pipeline():
+                assert await saver.arun_op(lambda: _final_note(2), True, durable=durable) == (
+                    102,
+                    4,
+                )
+            await conn.execute("DELETE FROM notes")
+    finally:
+        await conn.close()
