@@ -2494,10 +2494,11 @@ def round_trips(trace: str) -> int:
 async def test_a_wrapped_calls_claim_and_completion_take_one_round_trip_each(
     kind: str, pg_url: str, tmp_path: Any
 ) -> None:
-    """On PostgreSQL a claim with its start event, and a completion with its end
-    event, are one statement each, sent with their commit: one round trip each (they
-    took two: the step's statement, whose answer decides on the event, then the event
-    and the COMMIT). A claim that finds the step taken reads it afterwards."""
+    """On PostgreSQL a claim with its start event, a completion with its end event and
+    a take-over with its start event are one statement each, sent with their commit:
+    one round trip each (they took two: the step's statement, whose answer decides on
+    the event, then the event and the COMMIT). A claim that finds the step taken reads
+    it afterwards."""
     from agentcheck.savers import AsyncPostgresSaver, PostgresSaver
 
     path = tmp_path / "trace.txt"
@@ -2529,6 +2530,8 @@ async def test_a_wrapped_calls_claim_and_completion_take_one_round_trip_each(
         await run_op(journal, kind, traced_claim_op(journal, "warm", "w0"))
         await run_op(journal, kind, traced_complete_op(journal, "warm", "w0"))
         await run_op(journal, kind, traced_claim_op(journal, "warm", "w9"))
+        await run_op(journal, kind, traced_claim_op(journal, "warm-2", "w0"))
+        await run_op(journal, kind, traced_claim_op(journal, "warm-2", "w8", seen="w0"))
 
         claim, trips = await traced(traced_claim_op(journal, "pay", "w1"))
         assert claim.owned and trips == 1
@@ -2536,10 +2539,16 @@ async def test_a_wrapped_calls_claim_and_completion_take_one_round_trip_each(
         assert done and trips == 1
         taken, trips = await traced(traced_claim_op(journal, "pay", "w2"))
         assert not taken.owned and taken.step.status == "completed" and trips == 2
+        # A take-over (of a call whose outcome is unknown) with its start event: one too.
+        await run_op(journal, kind, traced_claim_op(journal, "ship", "w1"))
+        took, trips = await traced(traced_claim_op(journal, "ship", "w3", seen="w1"))
+        assert took.owned and took.step.attempts == 2 and trips == 1
         events = await call(journal, "events", kind, "r1")
-        assert [(e.phase, e.name, e.step_key) for e in events][-2:] == [
+        assert [(e.phase, e.name, e.step_key) for e in events][-4:] == [
             ("start", "charge by w1", "pay"),
             ("end", "charge by w1", "pay"),
+            ("start", "charge by w1", "ship"),
+            ("start", "charge by w3", "ship"),
         ]
     finally:
         await conn.close() if is_async(kind) else conn.close()

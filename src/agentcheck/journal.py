@@ -641,11 +641,13 @@ class JournalOps:
     ) -> Operation[Claim]:
         """Take over a failed, paused or unknown-outcome step from the owner seen,
         atomically (``task``: as for :meth:`claim`)."""
-        rows = yield Query(
-            self.sql.RECLAIM_STEP,
-            (owner, now(), run_id, task, scope, step_key, seen_owner),
-            fetch=True,
-        )
+        params = (owner, now(), run_id, task, scope, step_key, seen_owner)
+        if event is not None and self.sql.RECLAIM_STEP_LOGGED is not None:
+            # As in claim: the event comes with the take-over, only if it applied.
+            logged = (*params, *self._event_row(event))
+            rows = yield Query(self.sql.RECLAIM_STEP_LOGGED, logged, fetch=True, final=True)
+            return (yield from self._claimed(rows, scope, step_key, owner))
+        rows = yield Query(self.sql.RECLAIM_STEP, params, fetch=True, final=event is None)
         return (yield from self._claimed(rows, scope, step_key, owner, event))
 
     def mark_asked(

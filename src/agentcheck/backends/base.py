@@ -736,6 +736,7 @@ class SQL:
     # Likewise a step's claim or completion and its event (parameters: the step's, then
     # the event's row).
     CLAIM_STEP_LOGGED: str | None = None
+    RECLAIM_STEP_LOGGED: str | None = None
     COMPLETE_STEP_LOGGED: str | None = None
     SELECT_RUN = (
         "SELECT run_id, framework, name, thread_id, status, attempt, owner, lease_until, "

@@ -93,6 +93,15 @@ class PostgresSQL(SQL):
     _EVENT_IF_CHANGED = _EVENT_SELECT.format(run_id="?::text")
     CLAIM_STEP_LOGGED = "WITH changed AS (" + SQL.CLAIM_STEP + ") " + _EVENT_IF_CHANGED
     COMPLETE_STEP_LOGGED = "WITH changed AS (" + SQL.COMPLETE_STEP + ") " + _EVENT_IF_CHANGED
+    # A take-over answers with the step as it left it (RECLAIM_STEP's columns): the
+    # event is a part of its own. (Constant text joined: no input is formatted in.)
+    RECLAIM_STEP_LOGGED = (
+        "WITH changed AS ("  # noqa: S608
+        + SQL.RECLAIM_STEP
+        + "), logged AS ("
+        + _EVENT_IF_CHANGED.removesuffix(" RETURNING seq")
+        + ") SELECT * FROM changed"
+    )
     # An insert of nothing, unless a value is missing: then a division by zero (of a
     # value the planner cannot fold) fails it, and the put with it. Written as an insert
     # so that it joins the put's statement (see _parts). The rows are locked (FOR KEY
