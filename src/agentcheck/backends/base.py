@@ -733,8 +733,8 @@ class SQL:
     # statement, the event appended only if the transition applied (see PostgresSQL).
     START_RUN_LOGGED: str | None = None
     MARK_SUCCEEDED_LOGGED: str | None = None
-    # Likewise a step's claim or completion and its event (parameters: the step's, then
-    # the event's row).
+    # Likewise a step's claim, take-over or completion and its event (parameters: the
+    # step's, then the event's row).
     CLAIM_STEP_LOGGED: str | None = None
     RECLAIM_STEP_LOGGED: str | None = None
     COMPLETE_STEP_LOGGED: str | None = None

@@ -86,10 +86,10 @@ class PostgresSQL(SQL):
         + _EVENT_FROM
     )
     MARK_SUCCEEDED_LOGGED = "WITH changed AS (" + SQL.MARK_SUCCEEDED + ") " + _EVENT_FROM
-    # A step's claim or completion and its event, likewise: a wrapped call's claim and
-    # its completion are one round trip each (with Query.final, the commit included),
-    # and a retry after a commit whose answer was lost appends no second event. The
-    # event names its own run (a step may have none).
+    # A step's claim, take-over or completion and its event, likewise: each is one
+    # round trip (with Query.final, the commit included), and a retry after a commit
+    # whose answer was lost appends no second event. The event names its own run (a
+    # step may have none).
     _EVENT_IF_CHANGED = _EVENT_SELECT.format(run_id="?::text")
     CLAIM_STEP_LOGGED = "WITH changed AS (" + SQL.CLAIM_STEP + ") " + _EVENT_IF_CHANGED
     COMPLETE_STEP_LOGGED = "WITH changed AS (" + SQL.COMPLETE_STEP + ") " + _EVENT_IF_CHANGED
@@ -649,11 +649,14 @@ class _Held:
         already (see take_final) is dropped; any other write after it is a mistake."""
         if query is _BEGIN:
             self.framed = True
-        elif self.committed:
-            if query is _COMMIT:
-                return
-            raise RuntimeError("agentcheck: a write after its operation's final statement")
+        elif query is _COMMIT and self.committed:
+            return
+        self._refuse_after_final()
         self.held.append((query, self.cur))
+
+    def _refuse_after_final(self) -> None:
+        if self.committed:
+            raise RuntimeError("agentcheck: a write after its operation's final statement")
 
     def commits_with(self, query: Query) -> bool:
         """Whether the write commits with this statement: a
@@ -702,8 +705,7 @@ class _Held:
         return None if one is None else (one, cur)
 
     def execute_later(self, query: Query) -> Callable[[], Rows]:
-        if self.committed:
-            raise RuntimeError("agentcheck: a write after its operation's final statement")
+        self._refuse_after_final()
         own = _cursor(self.conn)
         self.held.append((query, own))
         rows: Rows = []
